@@ -1,0 +1,40 @@
+# coordgap: dining-philosophers coordination of LLM agents, end to end.
+#
+#   snakemake --cores 8 all                          # local, the embedded CPU default
+#   snakemake --workflow-profile profiles/slurm all  # GPU jobs on a SLURM cluster
+#
+# Rules wire, src/coordgap computes, workflow/scripts adapt (DESIGN.md §1, §8).
+
+from snakemake.utils import min_version
+
+min_version("9.19")
+
+
+configfile: "config/config.yaml"
+
+
+# GPU limits from a profile serialise jobs on one workstation, not across a cluster's nodes.
+resource_scopes:
+    gpu="local",
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/episodes.smk"
+include: "rules/analysis.smk"
+
+
+# ---------------------------------------------------------------- targets
+
+
+rule all:
+    default_target: True
+    input:
+        final_targets(),
+
+
+rule episodes:
+    input:
+        episode_targets(),

@@ -1,0 +1,84 @@
+# Helpers of the workflow: validation, constants, wildcard constraints, target and input
+# functions, resource presets. Every other .smk file holds rules only.
+
+import re
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from coordgap.config import check_cross_keys
+
+# ---------------------------------------------------------------- validation
+
+# The schema first (names the offending key), then the cross-key rules; both before any job.
+validate(config, schema="../workflow/schemas/config.schema.yaml")
+check_cross_keys(config)
+
+# ---------------------------------------------------------------- constants
+
+MODELS = list(config["models"])
+SIZES = config["experiment"]["sizes"]
+VARIANTS = config["reward"]["variants"]
+SRC = Path("src/coordgap")
+# The software of every rule, used with --sdm conda; locally, .venv from `make all` runs them.
+CONDA_ENV = "../workflow/envs/coordgap.yaml"
+
+
+wildcard_constraints:
+    model="|".join(re.escape(name) for name in MODELS),
+    size=r"\d+",
+    variant="|".join(VARIANTS),
+
+
+localrules:
+    all,
+    episodes,
+    plot_reward,
+    write_report,
+
+
+# ---------------------------------------------------------------- resource presets
+
+# Named presets, scaled by the attempt so a retried job asks for more. runtime is in minutes.
+RESOURCES = {
+    "light": {
+        "mem_mb": lambda wildcards, attempt: 1000 * attempt,
+        "runtime": lambda wildcards, attempt: 15 * attempt,
+    },
+    "medium": {
+        "mem_mb": lambda wildcards, attempt: 4000 * attempt,
+        "runtime": lambda wildcards, attempt: 60 * attempt,
+    },
+}
+
+# ---------------------------------------------------------------- functions
+
+
+def src_files(*parts):
+    """The src/coordgap modules a rule imports, as inputs so that code changes rerun it."""
+    files = []
+    for part in parts:
+        path = SRC / part
+        files.extend(sorted(str(p) for p in path.rglob("*.py")) if path.is_dir() else [str(path)])
+    return files
+
+
+def model_entry(wildcards):
+    """The config entry of the model in the job's wildcards."""
+    return config["models"][wildcards.model]
+
+
+def episode_targets():
+    """Every episode table of the grid: models x sizes."""
+    return expand("results/episodes/{model}/n{size}.parquet", model=MODELS, size=SIZES)
+
+
+def final_targets():
+    """What `all` builds: statistics, one figure per reward variant, the report."""
+    return [
+        "results/stats/summary.csv",
+        "results/stats/comparisons.csv",
+        "results/metrics.json",
+        *expand("results/figures/reward_{variant}.{ext}", variant=VARIANTS, ext=["png", "pdf"]),
+        "results/report.md",
+    ]

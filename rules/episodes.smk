@@ -1,0 +1,24 @@
+# Episode generation: one job per model x N cell.
+
+
+rule generate_episodes:
+    input:
+        code=src_files("env", "policies", "episodes.py", "data.py", "config.py"),
+    output:
+        episodes="results/episodes/{model}/n{size}.parquet",
+        steps="results/episodes/{model}/n{size}.steps.parquet",
+    params:
+        model=model_entry,
+        environment=lookup(dpath="environment", within=config),
+        episodes=lookup(dpath="experiment/episodes_per_cell", within=config),
+        seed=lookup(dpath="seed", within=config),
+    log:
+        "logs/generate_episodes/{model}/n{size}.log",
+    benchmark:
+        "logs/generate_episodes/{model}/n{size}.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/generate_episodes.py"

@@ -1,0 +1,1 @@
+"""coordgap: measure, train and analyse LLM coordination on the dining-philosophers problem."""

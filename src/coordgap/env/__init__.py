@@ -1,0 +1,1 @@
+"""The dining-philosophers environment: table state, protocols, observations and reward."""

@@ -1,0 +1,284 @@
+"""Table state and transition semantics of the dining-philosophers environment.
+
+N philosophers sit on a ring with N forks; philosopher ``i``'s left fork is ``i`` and its right
+fork is ``(i + 1) % N``. A round is one decision per philosopher, resolved either all at once
+(``simultaneous``) or one after another (``sequential``). See DESIGN.md §2 for the contract.
+
+Two protocols share this state:
+
+* ``tools6`` (the paper's): explicit pick-up, put-down and eat; forks stay held after a meal.
+  Simultaneous resolution applies put-downs first, then pick-ups against the freed state (one
+  fork wanted by two philosophers goes to the tie-break winner), then eats.
+* ``dpbench4`` (DPBench 0.2.1's): grab, release-all and wait; a philosopher that ends an update
+  holding both forks eats, and releases both at its next update whatever it chose. The order of
+  operations copies DPBench exactly, including its quirk: an eating philosopher that also chooses
+  ``release`` frees its forks in the release pass, a neighbour's grab of them is granted, and the
+  eater's auto-release then frees them again. A lower-id neighbour already updated keeps
+  believing it holds that fork until its next update. That is why each philosopher's own view of
+  what it holds (``holds_left``/``holds_right``) is stored apart from the fork holders.
+
+The ``tie_break`` rule orders seats wherever order matters: ``lowest_id`` gives a contested fork
+to the lowest seat and makes the sequential order 0..N-1 (DPBench's rule); ``random`` draws the
+winner, and the sequential order of each round, from the table's seeded generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from coordgap.env.protocols import Protocol, Tool
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+FREE = -1  # fork_holder value of a fork nobody holds
+
+
+class TurnOrder(StrEnum):
+    """How the decisions of one round are applied."""
+
+    SIMULTANEOUS = "simultaneous"
+    SEQUENTIAL = "sequential"
+
+
+class TieBreak(StrEnum):
+    """Who wins a contested fork (and, in sequential mode, who moves first)."""
+
+    RANDOM = "random"
+    LOWEST_ID = "lowest_id"
+
+
+class Outcome(StrEnum):
+    """What became of one decision."""
+
+    OK = "ok"
+    FAILED = "failed"
+    NO_CALL = "no_call"
+
+
+class FailReason(StrEnum):
+    """Why a legal tool call changed nothing."""
+
+    FORK_TAKEN = "fork_taken"
+    LOST_TIE = "lost_tie"
+    ALREADY_HELD = "already_held"
+    NOT_HELD = "not_held"
+    MISSING_FORK = "missing_fork"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The outcome of one decision, with the reason when it is not ``ok``."""
+
+    outcome: Outcome
+    reason: str | None = None
+
+
+OK = Result(Outcome.OK)
+
+_PICK_UPS = {Tool.PICK_UP_LEFT: 0, Tool.PICK_UP_RIGHT: 1, Tool.GRAB_LEFT: 0, Tool.GRAB_RIGHT: 1}
+_PUT_DOWNS = {Tool.PUT_DOWN_LEFT: 0, Tool.PUT_DOWN_RIGHT: 1}
+
+
+class Table:
+    """Mutable state of one table: fork holders, what each philosopher holds, meals.
+
+    Args:
+        n: Number of philosophers (at least 2).
+        protocol: The action protocol.
+        tie_break: The seat-priority rule.
+        rng: The table's own generator; used only under ``tie_break: random``.
+    """
+
+    def __init__(
+        self, n: int, protocol: Protocol, tie_break: TieBreak, rng: np.random.Generator
+    ) -> None:
+        if n < 2:
+            raise ValueError(f"a table needs at least 2 philosophers, got {n}")
+        self.n = n
+        self.protocol = protocol
+        self.tie_break = tie_break
+        self.rng = rng
+        self.fork_holder = [FREE] * n
+        self.holds_left = [False] * n
+        self.holds_right = [False] * n
+        self.eating = [False] * n  # dpbench4 only: ate at its last update, releases at the next
+        self.meals = [0] * n
+
+    # ------------------------------------------------------------------ queries
+
+    def fork(self, philosopher: int, side: int) -> int:
+        """Index of a philosopher's fork; ``side`` is 0 for left, 1 for right."""
+        return (philosopher + side) % self.n
+
+    def holds(self, philosopher: int, side: int) -> bool:
+        """Whether the philosopher believes it holds its left (0) or right (1) fork."""
+        return (self.holds_right if side else self.holds_left)[philosopher]
+
+    def is_free(self, philosopher: int, side: int) -> bool:
+        """Whether nobody holds the philosopher's left (0) or right (1) fork."""
+        return self.fork_holder[(philosopher + side) % self.n] == FREE
+
+    def is_deadlocked(self) -> bool:
+        """A circular wait: nobody is eating and every philosopher holds exactly one fork."""
+        return not any(self.eating) and all(
+            left != right for left, right in zip(self.holds_left, self.holds_right, strict=True)
+        )
+
+    def seat_order(self) -> list[int]:
+        """The order in which philosophers move in one sequential round."""
+        if self.tie_break is TieBreak.LOWEST_ID:
+            return list(range(self.n))
+        return [int(i) for i in self.rng.permutation(self.n)]
+
+    # ------------------------------------------------------------------ transitions
+
+    def resolve_simultaneous(self, tools: Sequence[Tool | None]) -> list[Result]:
+        """Apply one round in which every philosopher decided from the same state.
+
+        Args:
+            tools: One entry per philosopher: the tool called, or None for no parseable call.
+                Tools must belong to the table's protocol.
+
+        Returns:
+            One result per philosopher, in seat order.
+        """
+        n = self.n
+        holder = self.fork_holder
+        results: list[Result] = [OK] * n
+        # Pass 1: put-downs (tools6) or releases (dpbench4), judged on the pre-round holdings.
+        for i, tool in enumerate(tools):
+            if tool is None:
+                results[i] = Result(Outcome.NO_CALL)
+            elif tool in _PUT_DOWNS:
+                results[i] = self._put_down(i, _PUT_DOWNS[tool])
+            elif tool is Tool.RELEASE:
+                results[i] = self._release(i)
+        # Pass 2: pick-ups against the freed state; a contested fork goes to one requester.
+        requests: dict[int, list[int]] = {}
+        for i, tool in enumerate(tools):
+            if tool in _PICK_UPS:
+                fork = (i + _PICK_UPS[tool]) % n
+                if holder[fork] == FREE:
+                    requests.setdefault(fork, []).append(i)
+                else:
+                    results[i] = self._blocked_pick_up(i, fork)
+        for fork, requesters in requests.items():
+            winner = requesters[0] if len(requesters) == 1 else self._tie_winner(requesters)
+            holder[fork] = winner
+            # The winner's left fork has the winner's own index; otherwise it is its right one.
+            (self.holds_left if fork == winner else self.holds_right)[winner] = True
+            for loser in requesters:
+                if loser != winner:
+                    results[loser] = Result(Outcome.FAILED, FailReason.LOST_TIE)
+        # Pass 3: eats (tools6) or DPBench's per-seat update with automatic eating.
+        if self.protocol is Protocol.DPBENCH4:
+            for i in range(n):
+                self._dpbench_update(i)
+        else:
+            for i, tool in enumerate(tools):
+                if tool is Tool.EAT:
+                    results[i] = self._eat(i)
+        return results
+
+    def act(self, philosopher: int, tool: Tool | None) -> Result:
+        """Apply one philosopher's decision on its own (a turn in a sequential round).
+
+        Args:
+            philosopher: The seat that moves.
+            tool: The tool called, or None for no parseable call.
+
+        Returns:
+            The result of the decision.
+        """
+        if tool is None:
+            result = Result(Outcome.NO_CALL)
+        elif tool in _PICK_UPS:
+            result = self._pick_up(philosopher, _PICK_UPS[tool])
+        elif tool in _PUT_DOWNS:
+            result = self._put_down(philosopher, _PUT_DOWNS[tool])
+        elif tool is Tool.RELEASE:
+            result = self._release(philosopher)
+        elif tool is Tool.EAT:
+            result = self._eat(philosopher)
+        else:  # think / wait
+            result = OK
+        if self.protocol is Protocol.DPBENCH4:
+            self._dpbench_update(philosopher)
+        return result
+
+    def release_all(self) -> None:
+        """Force every fork free (breaks a deadlock when deadlock is not terminal)."""
+        self.fork_holder = [FREE] * self.n
+        self.holds_left = [False] * self.n
+        self.holds_right = [False] * self.n
+        self.eating = [False] * self.n
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tie_winner(self, requesters: list[int]) -> int:
+        if self.tie_break is TieBreak.LOWEST_ID:
+            return min(requesters)
+        return requesters[int(self.rng.integers(len(requesters)))]
+
+    def _blocked_pick_up(self, philosopher: int, fork: int) -> Result:
+        reason = (
+            FailReason.ALREADY_HELD
+            if self.fork_holder[fork] == philosopher
+            else FailReason.FORK_TAKEN
+        )
+        return Result(Outcome.FAILED, reason)
+
+    def _pick_up(self, philosopher: int, side: int) -> Result:
+        fork = (philosopher + side) % self.n
+        if self.fork_holder[fork] != FREE:
+            return self._blocked_pick_up(philosopher, fork)
+        self.fork_holder[fork] = philosopher
+        (self.holds_right if side else self.holds_left)[philosopher] = True
+        return OK
+
+    def _put_down(self, philosopher: int, side: int) -> Result:
+        held = self.holds_right if side else self.holds_left
+        if not held[philosopher]:
+            return Result(Outcome.FAILED, FailReason.NOT_HELD)
+        held[philosopher] = False
+        self.fork_holder[(philosopher + side) % self.n] = FREE
+        return OK
+
+    def _release(self, philosopher: int) -> Result:
+        """DPBench's release: free every fork the philosopher believes it holds.
+
+        What the philosopher holds is left for ``_dpbench_update`` to recompute, as DPBench does.
+        """
+        if not (self.holds_left[philosopher] or self.holds_right[philosopher]):
+            return Result(Outcome.FAILED, FailReason.NOT_HELD)
+        if self.holds_left[philosopher]:
+            self.fork_holder[philosopher] = FREE
+        if self.holds_right[philosopher]:
+            self.fork_holder[(philosopher + 1) % self.n] = FREE
+        return OK
+
+    def _eat(self, philosopher: int) -> Result:
+        if not (self.holds_left[philosopher] and self.holds_right[philosopher]):
+            return Result(Outcome.FAILED, FailReason.MISSING_FORK)
+        self.meals[philosopher] += 1
+        return OK
+
+    def _dpbench_update(self, i: int) -> None:
+        """DPBench's end-of-turn update: recompute holdings, then auto-release or eat."""
+        left, right = i, (i + 1) % self.n
+        holder = self.fork_holder
+        if self.eating[i]:
+            holder[left] = holder[right] = FREE
+            self.holds_left[i] = self.holds_right[i] = False
+            self.eating[i] = False
+            return
+        self.holds_left[i] = holder[left] == i
+        self.holds_right[i] = holder[right] == i
+        if self.holds_left[i] and self.holds_right[i]:
+            self.eating[i] = True
+            self.meals[i] += 1

@@ -1,0 +1,40 @@
+"""Logging for pipeline jobs: every job writes its own log file, errors included."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+
+@contextmanager
+def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
+    """Send the job's log records to ``path`` and record any exception before it propagates.
+
+    Snakemake keeps a failed job's log, so the traceback is where the user looks first.
+
+    Args:
+        path: The rule's ``log:`` file.
+        job: A name for the logger, usually the rule name.
+
+    Yields:
+        The job's logger.
+    """
+    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logger = logging.getLogger(job)
+    try:
+        yield logger
+    except BaseException:
+        logger.exception("job failed")
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()

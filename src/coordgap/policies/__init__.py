@@ -1,0 +1,1 @@
+"""Policies that decide for philosophers: scripted references now, model backends later."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: a copy of the workflow in a temporary folder, and command runners."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
+# What a run of the workflow needs; src/ because rules list its modules as inputs.
+WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "config", "profiles", "src", "dvc.yaml")
+
+
+def copy_workflow(dest: Path, config: dict | None = None) -> Path:
+    """Copy the workflow into ``dest`` and, if given, replace its config/config.yaml."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in WORKFLOW_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, dest / part)
+    if config is not None:
+        (dest / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+def tool_env() -> dict[str, str]:
+    """The environment with this venv's executables (snakemake, dvc) first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a venv tool in ``cwd`` and return its completed process (output captured)."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / args[0]), *args[1:]],
+        cwd=cwd,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check and result.returncode != 0:
+        output = f"{result.stdout}\n{result.stderr}"
+        raise AssertionError(f"{args} failed ({result.returncode}):\n{output}")
+    return result
+
+
+@pytest.fixture
+def tiny_config() -> dict:
+    """The tiny workflow config, as a dict to modify."""
+    return yaml.safe_load(TINY_CONFIG.read_text())
+
+
+@pytest.fixture
+def tiny_workflow(tmp_path: Path, tiny_config: dict) -> Path:
+    """A copy of the workflow configured with the tiny design."""
+    return copy_workflow(tmp_path / "project", tiny_config)
