@@ -9,8 +9,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA, STEP_SCHEMA, derive_seed
-from coordgap.data import write_parquet_atomic
+from coordgap.data import (
+    CALL_COLUMNS,
+    EPISODE_SCHEMA,
+    STEP_SCHEMA,
+    derive_seed,
+    write_parquet_atomic,
+)
 from coordgap.env.observation import PastTurn, observe
 from coordgap.env.protocols import IDLE_TOOL
 from coordgap.env.reward import components

@@ -28,38 +28,13 @@ from coordgap.analysis.stats import (
     write_stats,
 )
 from coordgap.config import AnalysisConfig
-from coordgap.env.protocols import Tool
+from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA
 from coordgap.env.reward import RewardVariant, RewardWeights, components, reward_expr
 
 pytestmark = pytest.mark.unit
 
 PAPER_REFERENCE = Path(__file__).resolve().parents[2] / "config" / "paper_reference.yaml"
 ROUNDS = 5
-
-EPISODE_SCHEMA: dict[str, Any] = {
-    "model": pl.String,
-    "checkpoint": pl.String,
-    "n": pl.Int64,
-    "episode": pl.Int64,
-    "seed": pl.Int64,
-    "protocol": pl.String,
-    "turn_order": pl.String,
-    "tie_break": pl.String,
-    "rounds": pl.Int64,
-    "rounds_run": pl.Int64,
-    "status": pl.String,
-    "deadlock": pl.Boolean,
-    "deadlock_round": pl.Int64,
-    "deadlocks": pl.Int64,
-    "meals_total": pl.Int64,
-    "meals_per_philosopher": pl.List(pl.Int64),
-    **{f"calls_{tool}": pl.Int64 for tool in Tool},
-    **dict.fromkeys(("decisions", "actions", "think", "failed", "no_call"), pl.Int64),
-    **dict.fromkeys(("r_nd", "r_thru", "r_fair", "r_idle"), pl.Float64),
-    "tokens_in": pl.Int64,
-    "tokens_out": pl.Int64,
-    "latency_s": pl.Float64,
-}
 
 CONFIG = AnalysisConfig(
     weights=RewardWeights(),
@@ -90,7 +65,7 @@ def episode(
     parts = components(
         n=n, rounds=ROUNDS, meals=meals, deadlock=deadlock, actions=actions, think=think
     )
-    calls = {f"calls_{tool}": 0 for tool in Tool}
+    calls = dict.fromkeys(CALL_COLUMNS, 0)
     calls |= {"calls_eat": eaten, "calls_think": think, "calls_pick_up_left": failed}
     return {
         "model": model,
@@ -137,7 +112,14 @@ def table(sizes: tuple[int, ...] = (5,)) -> pl.DataFrame:
         for i in range(6):
             rows.append(episode("hierarchy", n, i, meals=[1 + i % 3] + [1] * (n - 1), think=i))
             rows.append(
-                episode("left_first", n, i, meals=[i % 2] + [0] * (n - 1), deadlock=i % 3 != 0)
+                episode(
+                    "left_first",
+                    n,
+                    i,
+                    meals=[i % 2] + [0] * (n - 1),
+                    deadlock=i % 3 != 0,
+                    failed=i,
+                )
             )
             rows.append(episode("silent", n, i, no_call=n * ROUNDS))
             rows.append(episode("idle", n, i, think=n * ROUNDS))
@@ -191,8 +173,8 @@ def test_error_rows_are_counted_and_excluded_from_every_statistic() -> None:
     hierarchy = pl.col("model") == "hierarchy"
     assert summary.filter(hierarchy)["errors"].item() == 3
     assert summary.filter(hierarchy)["episodes"].item() == 6
-    assert summary.filter(pl.col("model") != "crashed").drop("errors").equals(
-        expected.drop("errors")
+    assert (
+        summary.filter(pl.col("model") != "crashed").drop("errors").equals(expected.drop("errors"))
     )
     crashed = summary.filter(pl.col("model") == "crashed").row(0, named=True)
     assert (crashed["episodes"], crashed["errors"]) == (0, 2)
@@ -210,6 +192,9 @@ def test_summary_columns_follow_their_definitions() -> None:
     assert (row["deadlock_ci_low"], row["deadlock_ci_high"]) == pytest.approx((low, high))
     assert row["meals_mean"] == pytest.approx(left_first["meals_total"].mean())
     assert row["throughput"] == pytest.approx(left_first["r_thru"].mean())
+    assert row["failed_rate"] == pytest.approx(
+        left_first["failed"].sum() / left_first["decisions"].sum()
+    )
     assert row["reward_shaped_mean"] == pytest.approx(
         rewards(episodes, "left_first", RewardVariant.SHAPED).mean()
     )
@@ -232,8 +217,9 @@ def test_welch_test_and_hedges_g_match_direct_computation() -> None:
     welch = scipy_stats.ttest_ind(x, y, equal_var=False)
     assert row["t"] == pytest.approx(welch.statistic)
     assert row["p"] == pytest.approx(welch.pvalue)
-    pooled = math.sqrt((5 * x.var(ddof=1) + 5 * y.var(ddof=1)) / 10)
-    hedges = (x.mean() - y.mean()) / pooled * (1 - 3 / (4 * 12 - 9))
+    nx, ny = x.size, y.size
+    pooled = math.sqrt(((nx - 1) * x.var(ddof=1) + (ny - 1) * y.var(ddof=1)) / (nx + ny - 2))
+    hedges = (x.mean() - y.mean()) / pooled * (1 - 3 / (4 * (nx + ny) - 9))
     assert row["hedges_g"] == pytest.approx(hedges)
     assert row["diff"] == pytest.approx(x.mean() - y.mean())
 
@@ -314,14 +300,14 @@ def test_figures_are_written_and_the_pdf_is_deterministic(tmp_path: Path) -> Non
 
 
 def test_report_shows_tables_figure_degenerate_maximum_and_paper(tmp_path: Path) -> None:
-    summary_csv, comparisons_csv, _ = _write_stats(table(), tmp_path / "stats")
+    summary_csv, comparisons_csv, _ = _write_stats(table(sizes=(5, 7)), tmp_path / "stats")
     figure = tmp_path / "figures" / "reward.png"
     figure.parent.mkdir()
     paper = yaml.safe_load(PAPER_REFERENCE.read_text(encoding="utf-8"))
     paper["models"]["silent"] = {"mean_reward_n5": 1.0, "meals_n5": 0}
     paper["comparisons"].append({"name": "hierarchy vs left_first at N=5", "p": 0.5})
     reference = tmp_path / "paper.yaml"
-    reference.write_text(yaml.safe_dump(paper), encoding="utf-8")
+    reference.write_text(yaml.safe_dump(paper, sort_keys=False), encoding="utf-8")
     out_md = tmp_path / "report" / "report.md"
     out_md.parent.mkdir()
 
@@ -335,6 +321,7 @@ def test_report_shows_tables_figure_degenerate_maximum_and_paper(tmp_path: Path)
     assert "r = 1.0 r_nd + 0.5 r_thru - 0.3 r_fair - 0.1 r_idle" in text
     degenerate = text.split("## The degenerate maximum")[1].split("##")[0]
     assert "**silent** at N=5" in degenerate
+    assert "**silent** at N=7" in degenerate
     assert "**hierarchy**" not in degenerate
     assert "by doing nothing" in degenerate
     published = text.split("## Published figures")[1]
@@ -345,6 +332,7 @@ def test_report_shows_tables_figure_degenerate_maximum_and_paper(tmp_path: Path)
         published
     )
     assert "| hierarchy vs left_first at N=5 | p: 0.5 | N=5: diff " in published
+    assert "N=7: diff" not in published  # the paper's comparison is at N=5 only
 
     again = tmp_path / "again" / "report.md"
     again.parent.mkdir()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +69,7 @@ def _method(config: AnalysisConfig) -> str:
         f"- `{variant}`: {_DEFINITIONS[variant].format(w=config.weights)}"
         for variant in config.variants
     )
-    confidence = f"{config.confidence:.0%}"
+    confidence = f"{config.confidence * 100:g}%"
     return (
         "## Method\n\n"
         "Each cell is one model at one table size N. Episodes that ended in an error are "
@@ -189,11 +190,13 @@ def _ours_by_model(summary: pl.DataFrame, model: str, variant: RewardVariant) ->
 
 
 def _ours_by_comparison(comparisons: pl.DataFrame, name: str, variant: RewardVariant) -> str:
-    # The paper names a comparison "<a> vs <b> at N=...": match the pair before " at ".
-    pair = name.partition(" at ")[0]
+    # The paper names a comparison "<a> vs <b> at N=5" or "<a> vs <b> at N=10 and N=15".
+    pair, _, where = name.partition(" at ")
+    sizes = [int(n) for n in re.findall(r"N=(\d+)", where)]
     rows = comparisons.filter(
-        (pl.col("variant") == str(variant))
-        & (pl.concat_str("model_a", pl.lit(" vs "), "model_b") == pair)
+        pl.col("variant") == str(variant),
+        pl.concat_str("model_a", pl.lit(" vs "), "model_b") == pair,
+        pl.col("n").is_in(sizes) if sizes else pl.lit(value=True),
     ).iter_rows(named=True)
     return "; ".join(
         f"N={row['n']}: diff {_number(row['diff'])}, p {_p_value(row['p'])}, "

@@ -25,6 +25,23 @@ class NoCallReason(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Transcript:
+    """One LLM call of a trainable model, as GRPO needs it (one history per call).
+
+    Attributes:
+        messages: The chat messages sent, as ``{"role": ..., "content": ...}`` dicts.
+        completion: The text of the sampled continuation (the chosen tool call).
+        token_ids: The sampled continuation's token ids.
+        logprobs: The log-probability of each sampled token under the sampling policy.
+    """
+
+    messages: tuple[dict[str, str], ...]
+    completion: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """One philosopher's decision.
 
@@ -35,6 +52,7 @@ class Decision:
         tokens_in: Prompt tokens spent (0 for scripted policies).
         tokens_out: Completion tokens spent.
         latency_s: Wall time of the call.
+        transcript: The LLM call behind the decision, for models that record one.
     """
 
     tool: Tool | None
@@ -43,6 +61,7 @@ class Decision:
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s: float = 0.0
+    transcript: Transcript | None = None
 
 
 class Policy(Protocol):
@@ -50,4 +69,12 @@ class Policy(Protocol):
 
     def decide(self, observations: Sequence[Observation]) -> list[Decision]:
         """Return one decision per observation, in order."""
+        ...
+
+
+class AsyncPolicy(Protocol):
+    """Decides for one philosopher; many calls may be in flight at once (model backends)."""
+
+    async def adecide(self, observation: Observation) -> Decision:
+        """Return the decision of the observed philosopher."""
         ...

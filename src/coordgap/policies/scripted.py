@@ -108,16 +108,22 @@ class ForkOrderPolicy:
 
 
 class RandomPolicy:
-    """Uniform over the protocol's tools, from the episode's policy generator."""
+    """Uniform over the protocol's tools.
 
-    def __init__(self, protocol: Protocol, rng: np.random.Generator) -> None:
+    Each seat draws from its own child of the episode's policy generator, so the draws do not
+    depend on the order in which concurrent philosophers happen to be served.
+    """
+
+    def __init__(self, n: int, protocol: Protocol, rng: np.random.Generator) -> None:
         self._tools = TOOLS[protocol]
-        self._rng = rng
+        self._seat_rngs = rng.spawn(n)
 
     def decide(self, observations: Sequence[Observation]) -> list[Decision]:
         """Draw one tool per observation."""
-        picks = self._rng.integers(len(self._tools), size=len(observations))
-        return [_call(self._tools[k]) for k in picks]
+        return [
+            _call(self._tools[int(self._seat_rngs[obs.philosopher].integers(len(self._tools)))])
+            for obs in observations
+        ]
 
 
 class ThinkOnlyPolicy:
@@ -160,7 +166,7 @@ def make_scripted_policy(
     if name is ScriptedPolicy.LEFT_FIRST:
         return ForkOrderPolicy(n, protocol, lower_fork_first=False)
     if name is ScriptedPolicy.RANDOM:
-        return RandomPolicy(protocol, rng)
+        return RandomPolicy(n, protocol, rng)
     if name is ScriptedPolicy.THINK_ONLY:
         return ThinkOnlyPolicy(protocol)
     return SilentPolicy()

@@ -1,0 +1,1 @@
+"""Model weights: turning a configured ``source`` into a local safetensors folder once."""
