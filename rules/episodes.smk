@@ -3,10 +3,12 @@
 
 rule generate_episodes:
     input:
-        code=src_files("env", "policies", "episodes.py", "data.py", "config.py"),
+        prompts="config/prompts",
+        code=src_files("env", "agents", "policies", "episodes.py", "data.py", "config.py"),
     output:
         episodes="results/episodes/{model}/n{size}.parquet",
         steps="results/episodes/{model}/n{size}.steps.parquet",
+        transcripts="results/episodes/{model}/n{size}.transcripts.parquet",
     params:
         model=model_entry,
         environment=lookup(dpath="environment", within=config),

@@ -56,18 +56,42 @@ class EnvironmentConfig:
         )
 
 
+class ModelKind(StrEnum):
+    """How a model decides (DESIGN.md §4)."""
+
+    SCRIPTED = "scripted"
+    OPENAI = "openai"
+    LOCAL = "local"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """One entry of ``models:``; only the ``scripted`` kind exists so far."""
+    """One entry of ``models:``.
+
+    Attributes:
+        name: The model's slug (used in output paths).
+        kind: How it decides.
+        entry: The validated config entry, kept whole: backends read their own settings
+            from it, and it identifies the model's episodes in the resume journal.
+    """
 
     name: str
-    kind: str
-    policy: ScriptedPolicy
+    kind: ModelKind
+    entry: dict[str, Any]
+
+    @property
+    def policy(self) -> ScriptedPolicy:
+        """The scripted policy of a ``scripted`` model."""
+        return ScriptedPolicy(self.entry["policy"])
+
+    def settings(self) -> dict[str, Any]:
+        """The entry as a plain dict (for fingerprints)."""
+        return dict(self.entry)
 
     @classmethod
     def from_dict(cls, name: str, entry: dict[str, Any]) -> ModelSpec:
         """Build from one validated ``models.<name>`` entry."""
-        return cls(name=name, kind=entry["kind"], policy=ScriptedPolicy(entry["policy"]))
+        return cls(name=name, kind=ModelKind(entry["kind"]), entry=dict(entry))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,16 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     "latency_s": pl.Float64(),
 }
 
+TRANSCRIPT_SCHEMA: dict[str, pl.DataType] = {
+    "episode": pl.Int64(),
+    "round": pl.Int64(),
+    "philosopher": pl.Int64(),
+    "messages": pl.String(),  # JSON list of {"role", "content"}
+    "completion": pl.String(),
+    "token_ids": pl.List(pl.Int64()),
+    "logprobs": pl.List(pl.Float64()),
+}
+
 STEP_SCHEMA: dict[str, pl.DataType] = {
     "episode": pl.Int64(),
     "round": pl.Int64(),
@@ -57,22 +67,20 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def derive_seed(base_seed: int, model: str, n: int, episode: int) -> int:
-    """A 63-bit seed for one episode, stable across platforms and Python versions.
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from identifying parts, stable across platforms and Python versions.
 
-    Hashing (rather than adding offsets) keeps the streams of neighbouring cells unrelated and
-    lets a cell be regenerated alone.
+    Episodes use (base seed, model, N, episode index); an LLM call adds (seat, round). Hashing
+    (rather than adding offsets) keeps the streams of neighbouring cells unrelated and lets one
+    cell be regenerated alone.
 
     Args:
-        base_seed: The config's ``seed``.
-        model: The model name.
-        n: Number of philosophers.
-        episode: Episode index within the cell.
+        *parts: The identifying values, e.g. ``(seed, model, n, episode)``.
 
     Returns:
         A non-negative integer below 2**63.
     """
-    key = f"{base_seed}\x1f{model}\x1f{n}\x1f{episode}".encode()
+    key = "\x1f".join(str(part) for part in parts).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 

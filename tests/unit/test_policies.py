@@ -38,7 +38,8 @@ def env_config(
 
 def play(env: EnvironmentConfig, n: int, policy: ScriptedPolicy, seed: int = 0) -> EpisodeLog:
     table_rng, policy_rng = episode_generators(seed)
-    return play_episode(env, n, make_scripted_policy(policy, n, env.protocol, policy_rng), table_rng)
+    scripted = make_scripted_policy(policy, n, env.protocol, policy_rng)
+    return play_episode(env, n, scripted, table_rng)
 
 
 def paper_reward(log: EpisodeLog) -> float:

@@ -45,7 +45,7 @@ def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo
     assert (dvc_repo / "results" / "report.md").exists()
     assert (dvc_repo / "dvc.lock").exists()
     episodes = sorted((dvc_repo / "results" / "episodes").rglob("*.parquet"))
-    assert len(episodes) == 2 * 3 * 2  # episode + step tables, 3 models x 2 sizes
+    assert len(episodes) == 3 * 3 * 2  # episode, step and transcript tables, 3 models x 2 sizes
     assert "Running stage 'episodes'" in first.stdout
 
     second = run(dvc_repo, "dvc", "repro")

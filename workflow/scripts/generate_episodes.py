@@ -1,7 +1,10 @@
 """Adapter of rule generate_episodes: play one model x N cell of episodes."""
 
+from pathlib import Path
+
+from coordgap.agents.runner import CellOutputs, generate_cell
 from coordgap.config import EnvironmentConfig, ModelSpec
-from coordgap.episodes import generate_cell
+from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "generate_episodes") as log:
@@ -14,6 +17,10 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
         env=EnvironmentConfig.from_dict(snakemake.params.environment),
         episodes=snakemake.params.episodes,
         base_seed=snakemake.params.seed,
-        episodes_path=snakemake.output.episodes,
-        steps_path=snakemake.output.steps,
+        outputs=CellOutputs(
+            episodes=Path(snakemake.output.episodes),
+            steps=Path(snakemake.output.steps),
+            transcripts=Path(snakemake.output.transcripts),
+        ),
+        templates=PromptTemplates.load(snakemake.input.prompts),
     )

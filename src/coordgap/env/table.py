@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import ne
 from typing import TYPE_CHECKING
 
 from coordgap.env.protocols import Protocol, Tool
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     import numpy as np
 
@@ -79,9 +80,26 @@ class Result:
 
 
 OK = Result(Outcome.OK)
+NO_CALL = Result(Outcome.NO_CALL)
+# Results are immutable, so every decision shares these instead of building its own.
+_FAILED = {reason: Result(Outcome.FAILED, reason) for reason in FailReason}
 
-_PICK_UPS = {Tool.PICK_UP_LEFT: 0, Tool.PICK_UP_RIGHT: 1, Tool.GRAB_LEFT: 0, Tool.GRAB_RIGHT: 1}
-_PUT_DOWNS = {Tool.PUT_DOWN_LEFT: 0, Tool.PUT_DOWN_RIGHT: 1}
+# What a decision does to the table, whatever the protocol calls it. A pick-up's kind is also
+# the side it reaches for (0 left, 1 right), and so is a put-down's kind minus _PUT_LEFT.
+_PICK_LEFT, _PICK_RIGHT, _PUT_LEFT, _PUT_RIGHT, _RELEASE, _EAT, _IDLE, _NONE = range(8)
+_KIND: dict[Tool | None, int] = {
+    Tool.PICK_UP_LEFT: _PICK_LEFT,
+    Tool.GRAB_LEFT: _PICK_LEFT,
+    Tool.PICK_UP_RIGHT: _PICK_RIGHT,
+    Tool.GRAB_RIGHT: _PICK_RIGHT,
+    Tool.PUT_DOWN_LEFT: _PUT_LEFT,
+    Tool.PUT_DOWN_RIGHT: _PUT_RIGHT,
+    Tool.RELEASE: _RELEASE,
+    Tool.EAT: _EAT,
+    Tool.THINK: _IDLE,
+    Tool.WAIT: _IDLE,
+    None: _NONE,
+}
 
 
 class Table:
@@ -125,9 +143,7 @@ class Table:
 
     def is_deadlocked(self) -> bool:
         """A circular wait: nobody is eating and every philosopher holds exactly one fork."""
-        return not any(self.eating) and all(
-            left != right for left, right in zip(self.holds_left, self.holds_right, strict=True)
-        )
+        return not any(self.eating) and all(map(ne, self.holds_left, self.holds_right))
 
     def seat_order(self) -> list[int]:
         """The order in which philosophers move in one sequential round."""
@@ -148,41 +164,47 @@ class Table:
             One result per philosopher, in seat order.
         """
         n = self.n
-        holder = self.fork_holder
-        results: list[Result] = [OK] * n
+        holder, holds_left, holds_right = self.fork_holder, self.holds_left, self.holds_right
+        results = [OK] * n
+        pick_ups: list[tuple[int, int]] = []  # (seat, fork), in seat order
+        eaters: list[int] = []
         # Pass 1: put-downs (tools6) or releases (dpbench4), judged on the pre-round holdings.
         for i, tool in enumerate(tools):
-            if tool is None:
-                results[i] = Result(Outcome.NO_CALL)
-            elif tool in _PUT_DOWNS:
-                results[i] = self._put_down(i, _PUT_DOWNS[tool])
-            elif tool is Tool.RELEASE:
+            kind = _KIND[tool]
+            if kind == _IDLE:
+                continue
+            if kind <= _PICK_RIGHT:
+                pick_ups.append((i, (i + kind) % n))
+            elif kind <= _PUT_RIGHT:
+                results[i] = self._put_down(i, kind - _PUT_LEFT)
+            elif kind == _RELEASE:
                 results[i] = self._release(i)
-        # Pass 2: pick-ups against the freed state; a contested fork goes to one requester.
-        requests: dict[int, list[int]] = {}
-        for i, tool in enumerate(tools):
-            if tool in _PICK_UPS:
-                fork = (i + _PICK_UPS[tool]) % n
-                if holder[fork] == FREE:
-                    requests.setdefault(fork, []).append(i)
-                else:
-                    results[i] = self._blocked_pick_up(i, fork)
-        for fork, requesters in requests.items():
-            winner = requesters[0] if len(requesters) == 1 else self._tie_winner(requesters)
-            holder[fork] = winner
-            # The winner's left fork has the winner's own index; otherwise it is its right one.
-            (self.holds_left if fork == winner else self.holds_right)[winner] = True
-            for loser in requesters:
-                if loser != winner:
-                    results[loser] = Result(Outcome.FAILED, FailReason.LOST_TIE)
+            elif kind == _EAT:
+                eaters.append(i)
+            else:
+                results[i] = NO_CALL
+        # Pass 2: pick-ups against the freed state. The first requester of a free fork gets it
+        # provisionally; a second requester makes it a contest, settled below.
+        claims: dict[int, int] = {}  # fork -> first requester
+        contests: list[tuple[int, int, int]] = []  # (first requester, second, fork)
+        for i, fork in pick_ups:
+            if fork in claims:
+                contests.append((claims[fork], i, fork))
+            elif holder[fork] != FREE:
+                results[i] = self._blocked_pick_up(i, fork)
+            else:
+                claims[fork] = i
+                holder[fork] = i
+                # The fork with the philosopher's own index is its left one.
+                (holds_left if fork == i else holds_right)[i] = True
+        if contests:
+            self._settle(contests, results)
         # Pass 3: eats (tools6) or DPBench's per-seat update with automatic eating.
         if self.protocol is Protocol.DPBENCH4:
-            for i in range(n):
-                self._dpbench_update(i)
+            self._dpbench_update(range(n))
         else:
-            for i, tool in enumerate(tools):
-                if tool is Tool.EAT:
-                    results[i] = self._eat(i)
+            for i in eaters:
+                results[i] = self._eat(i)
         return results
 
     def act(self, philosopher: int, tool: Tool | None) -> Result:
@@ -195,20 +217,21 @@ class Table:
         Returns:
             The result of the decision.
         """
-        if tool is None:
-            result = Result(Outcome.NO_CALL)
-        elif tool in _PICK_UPS:
-            result = self._pick_up(philosopher, _PICK_UPS[tool])
-        elif tool in _PUT_DOWNS:
-            result = self._put_down(philosopher, _PUT_DOWNS[tool])
-        elif tool is Tool.RELEASE:
+        kind = _KIND[tool]
+        if kind <= _PICK_RIGHT:
+            result = self._pick_up(philosopher, kind)
+        elif kind <= _PUT_RIGHT:
+            result = self._put_down(philosopher, kind - _PUT_LEFT)
+        elif kind == _RELEASE:
             result = self._release(philosopher)
-        elif tool is Tool.EAT:
+        elif kind == _EAT:
             result = self._eat(philosopher)
-        else:  # think / wait
+        elif kind == _IDLE:
             result = OK
+        else:
+            result = NO_CALL
         if self.protocol is Protocol.DPBENCH4:
-            self._dpbench_update(philosopher)
+            self._dpbench_update((philosopher,))
         return result
 
     def release_all(self) -> None:
@@ -220,18 +243,29 @@ class Table:
 
     # ------------------------------------------------------------------ helpers
 
-    def _tie_winner(self, requesters: list[int]) -> int:
-        if self.tie_break is TieBreak.LOWEST_ID:
-            return min(requesters)
-        return requesters[int(self.rng.integers(len(requesters)))]
+    def _settle(self, contests: list[tuple[int, int, int]], results: list[Result]) -> None:
+        """Decide contested forks, each provisionally granted to its first requester.
+
+        Under ``lowest_id`` the first requester, always the lower seat, keeps the fork. Under
+        ``random`` one draw per contest picks the winner, in the order the forks were first
+        requested, which is the order of the first requesters' seats.
+        """
+        if self.tie_break is TieBreak.RANDOM:
+            contests.sort()
+        for first, second, fork in contests:
+            if self.tie_break is TieBreak.RANDOM and int(self.rng.integers(2)):
+                # The second requester wins: move the fork over.
+                (self.holds_left if fork == first else self.holds_right)[first] = False
+                (self.holds_left if fork == second else self.holds_right)[second] = True
+                self.fork_holder[fork] = second
+                results[first] = _FAILED[FailReason.LOST_TIE]
+            else:
+                results[second] = _FAILED[FailReason.LOST_TIE]
 
     def _blocked_pick_up(self, philosopher: int, fork: int) -> Result:
-        reason = (
-            FailReason.ALREADY_HELD
-            if self.fork_holder[fork] == philosopher
-            else FailReason.FORK_TAKEN
-        )
-        return Result(Outcome.FAILED, reason)
+        if self.fork_holder[fork] == philosopher:
+            return _FAILED[FailReason.ALREADY_HELD]
+        return _FAILED[FailReason.FORK_TAKEN]
 
     def _pick_up(self, philosopher: int, side: int) -> Result:
         fork = (philosopher + side) % self.n
@@ -244,7 +278,7 @@ class Table:
     def _put_down(self, philosopher: int, side: int) -> Result:
         held = self.holds_right if side else self.holds_left
         if not held[philosopher]:
-            return Result(Outcome.FAILED, FailReason.NOT_HELD)
+            return _FAILED[FailReason.NOT_HELD]
         held[philosopher] = False
         self.fork_holder[(philosopher + side) % self.n] = FREE
         return OK
@@ -255,7 +289,7 @@ class Table:
         What the philosopher holds is left for ``_dpbench_update`` to recompute, as DPBench does.
         """
         if not (self.holds_left[philosopher] or self.holds_right[philosopher]):
-            return Result(Outcome.FAILED, FailReason.NOT_HELD)
+            return _FAILED[FailReason.NOT_HELD]
         if self.holds_left[philosopher]:
             self.fork_holder[philosopher] = FREE
         if self.holds_right[philosopher]:
@@ -264,21 +298,27 @@ class Table:
 
     def _eat(self, philosopher: int) -> Result:
         if not (self.holds_left[philosopher] and self.holds_right[philosopher]):
-            return Result(Outcome.FAILED, FailReason.MISSING_FORK)
+            return _FAILED[FailReason.MISSING_FORK]
         self.meals[philosopher] += 1
         return OK
 
-    def _dpbench_update(self, i: int) -> None:
-        """DPBench's end-of-turn update: recompute holdings, then auto-release or eat."""
-        left, right = i, (i + 1) % self.n
-        holder = self.fork_holder
-        if self.eating[i]:
-            holder[left] = holder[right] = FREE
-            self.holds_left[i] = self.holds_right[i] = False
-            self.eating[i] = False
-            return
-        self.holds_left[i] = holder[left] == i
-        self.holds_right[i] = holder[right] == i
-        if self.holds_left[i] and self.holds_right[i]:
-            self.eating[i] = True
-            self.meals[i] += 1
+    def _dpbench_update(self, seats: Iterable[int]) -> None:
+        """DPBench's end-of-turn update of each seat, in the given order.
+
+        An eating philosopher releases both forks and goes hungry; any other recomputes what it
+        holds from the fork holders and, holding both, eats.
+        """
+        n = self.n
+        holder, holds_left, holds_right = self.fork_holder, self.holds_left, self.holds_right
+        eating, meals = self.eating, self.meals
+        for i in seats:
+            right = i + 1 if i + 1 < n else 0
+            if eating[i]:
+                holder[i] = holder[right] = FREE
+                holds_left[i] = holds_right[i] = eating[i] = False
+            else:
+                has_left = holds_left[i] = holder[i] == i
+                has_right = holds_right[i] = holder[right] == i
+                if has_left and has_right:
+                    eating[i] = True
+                    meals[i] += 1

@@ -24,7 +24,10 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -233,8 +236,9 @@ def _prepared_as(dest: Path) -> dict[str, Any] | None:
     return {key: provenance.get(key) for key in ("source", "sha256", "dtype")}
 
 
-def _load(source: ModelSource, path: Path | None, dtype: Any) -> tuple[Any, Any]:
+def _load(source: ModelSource, path: Path | None, dtype: torch.dtype) -> tuple[Any, Any]:
     """Load a source's tokenizer and causal LM, the model cast to ``dtype``."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if path is None:
@@ -247,10 +251,17 @@ def _load(source: ModelSource, path: Path | None, dtype: Any) -> tuple[Any, Any]
     else:
         where = {"pretrained_model_name_or_path": path}
     tokenizer = AutoTokenizer.from_pretrained(**where)
-    model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
-    # A GGUF model keeps its quantizer after dequantising, and save_pretrained refuses to
-    # serialise a quantized model; the weights are plain tensors by now, so drop it.
-    model.hf_quantizer = None
+    if path is not None and path.is_file():
+        # The GGUF is dequantised to float32 whatever dtype is asked for; casting afterwards
+        # gives the same weights without transformers' warning about a packed bf16 load.
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
+        # The dequantised model still carries its GGUF quantizer: save_pretrained refuses to
+        # serialise it, and the saved config would make every reload a "GGUF" model again.
+        # The weights are plain tensors by now, so drop both.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+    else:
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
     return tokenizer, model.to(dtype)
 
 

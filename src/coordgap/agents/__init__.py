@@ -1,0 +1,1 @@
+"""LangGraph philosopher and table graphs, and the concurrent, resumable episode runner."""

@@ -1,0 +1,205 @@
+"""Play a model x N cell of episodes concurrently, resumably, and write its tables.
+
+Episodes run as concurrent table graphs, at most ``max_in_flight`` at once. Each finished
+episode is written at once to a journal folder beside the outputs (``n<N>.partial/``), so a
+killed job resumes where it stopped: journalled episodes are kept, the rest are played, and
+nothing is played twice. The journal carries a fingerprint of the cell's settings; a journal
+from different settings is discarded rather than mixed in. When every episode is in, the
+journal is merged, in episode order, into the final tables and removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from tqdm import tqdm
+
+from coordgap.agents.graphs import play_episode_graph
+from coordgap.data import (
+    EPISODE_SCHEMA,
+    STEP_SCHEMA,
+    TRANSCRIPT_SCHEMA,
+    derive_seed,
+    write_parquet_atomic,
+)
+from coordgap.episodes import episode_generators
+from coordgap.policies.factory import open_policy_factory
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+
+    from coordgap.config import EnvironmentConfig, ModelSpec
+    from coordgap.env.observation import PromptTemplates
+    from coordgap.policies.base import AsyncPolicy
+
+    PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
+
+logger = logging.getLogger(__name__)
+
+_TABLES = {"episodes": EPISODE_SCHEMA, "steps": STEP_SCHEMA, "transcripts": TRANSCRIPT_SCHEMA}
+
+
+@dataclass(frozen=True)
+class CellOutputs:
+    """The three tables of a cell; the journal folder sits beside the episode table."""
+
+    episodes: Path
+    steps: Path
+    transcripts: Path
+
+    @property
+    def journal(self) -> Path:
+        """Folder of per-episode parts while the cell is being played."""
+        return self.episodes.with_suffix(".partial")
+
+    def path(self, table: str) -> Path:
+        """The final path of one table (``episodes``, ``steps`` or ``transcripts``)."""
+        return Path(getattr(self, table))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What identifies a cell's episodes: changing any of it changes the episodes."""
+
+    model: str
+    n: int
+    env: EnvironmentConfig
+    episodes: int
+    base_seed: int
+    model_settings: dict[str, Any]
+
+    def fingerprint(self) -> str:
+        """A canonical JSON rendering, stored with the journal."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+
+
+class _Progress:
+    """Episodes done, decisions per second and errors, on stderr."""
+
+    def __init__(self, total: int, done: int, label: str) -> None:
+        self._bar = tqdm(total=total, initial=done, desc=label, unit="ep", file=sys.stderr)
+        self._decisions = 0
+        self._errors = 0
+        self._start = time.perf_counter()
+
+    def update(self, row: dict[str, Any]) -> None:
+        self._decisions += row["decisions"]
+        self._errors += row["status"] != "ok"
+        rate = self._decisions / max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix(decisions_per_s=f"{rate:.1f}", errors=self._errors, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _open_journal(cell: Cell, outputs: CellOutputs) -> set[int]:
+    """Create or reuse the journal; return the episodes it already holds."""
+    journal = outputs.journal
+    stamp = journal / "fingerprint.json"
+    if journal.exists() and (not stamp.exists() or stamp.read_text() != cell.fingerprint()):
+        logger.warning("discarding a journal written with other settings: %s", journal)
+        shutil.rmtree(journal)
+    journal.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(cell.fingerprint())
+    return {int(p.name.split(".")[0][1:]) for p in journal.glob("e*.episodes.parquet")}
+
+
+def _journal_part(journal: Path, index: int, table: str) -> Path:
+    return journal / f"e{index:06d}.{table}.parquet"
+
+
+async def run_cell(
+    cell: Cell,
+    outputs: CellOutputs,
+    make_policy: PolicyFactory,
+    max_in_flight: int,
+    progress: bool = True,
+) -> None:
+    """Play the cell's missing episodes and write its tables.
+
+    Args:
+        cell: The cell's identity and settings.
+        outputs: Where its tables go.
+        make_policy: Builds a fresh policy for an episode from (n, episode seed, policy rng).
+        max_in_flight: Episodes played at once.
+        progress: Show a progress bar on stderr.
+    """
+    done = _open_journal(cell, outputs)
+    todo = [i for i in range(cell.episodes) if i not in done]
+    logger.info("%s n=%d: %d journalled, %d to play", cell.model, cell.n, len(done), len(todo))
+    bar = _Progress(cell.episodes, len(done), f"{cell.model} n={cell.n}") if progress else None
+    gate = asyncio.Semaphore(max_in_flight)
+
+    async def play(index: int) -> None:
+        async with gate:
+            seed = derive_seed(cell.base_seed, cell.model, cell.n, index)
+            table_rng, policy_rng = episode_generators(seed)
+            policy = make_policy(cell.n, seed, policy_rng)
+            log = await play_episode_graph(cell.env, cell.n, policy, table_rng)
+        identity = {"model": cell.model, "checkpoint": "base", "n": cell.n, "episode": index}
+        parts = {
+            "episodes": [{**identity, "seed": seed, **log.row}],
+            "steps": [{"episode": index, **step} for step in log.steps],
+            "transcripts": [{"episode": index, **t} for t in log.transcripts],
+        }
+        # The episode row goes last: its part existing is what marks the episode done.
+        for table in ("steps", "transcripts", "episodes"):
+            frame = pl.DataFrame(parts[table], schema=_TABLES[table])
+            write_parquet_atomic(frame, _journal_part(outputs.journal, index, table))
+        if bar is not None:
+            bar.update(log.row)
+
+    try:
+        await asyncio.gather(*(play(i) for i in todo))
+    finally:
+        if bar is not None:
+            bar.close()
+    _merge_journal(cell, outputs)
+
+
+def _merge_journal(cell: Cell, outputs: CellOutputs) -> None:
+    """Concatenate the journal's parts in episode order into the final tables."""
+    for table in _TABLES:
+        parts = [_journal_part(outputs.journal, i, table) for i in range(cell.episodes)]
+        write_parquet_atomic(pl.concat([pl.read_parquet(p) for p in parts]), outputs.path(table))
+    shutil.rmtree(outputs.journal)
+
+
+def generate_cell(
+    model: ModelSpec,
+    n: int,
+    env: EnvironmentConfig,
+    episodes: int,
+    base_seed: int,
+    outputs: CellOutputs,
+    templates: PromptTemplates,
+    progress: bool = True,
+) -> None:
+    """Play one model x N cell (resuming a killed run) and write its three tables.
+
+    Args:
+        model: The model, of any kind.
+        n: Number of philosophers.
+        env: The table rules.
+        episodes: Episodes in the cell.
+        base_seed: The config's seed; episode seeds derive from (seed, model, n, index).
+        outputs: Where the tables go.
+        templates: Prompt templates for language models.
+        progress: Show a progress bar on stderr.
+    """
+    cell = Cell(model.name, n, env, episodes, base_seed, model.settings())
+    with open_policy_factory(model, env, templates) as (make_policy, max_in_flight):
+        asyncio.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))

@@ -1,0 +1,64 @@
+"""Adapters that give every kind of policy the one-philosopher async interface of the graphs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from coordgap.data import derive_seed
+from coordgap.env.protocols import TOOLS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from coordgap.env.observation import Observation, PromptTemplates
+    from coordgap.env.protocols import Tool
+    from coordgap.policies.base import Decision, Policy
+
+
+class ChatBackend(Protocol):
+    """A language model that turns chat messages into one tool-call decision."""
+
+    async def decide(
+        self, messages: list[dict[str, str]], tools: Sequence[Tool], seed: int
+    ) -> Decision:
+        """Decide from the messages, choosing among ``tools``; sampling seeded by ``seed``."""
+        ...
+
+
+class ScriptedAgentPolicy:
+    """Serves a scripted (synchronous, batch) policy one philosopher at a time."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+
+    async def adecide(self, observation: Observation) -> Decision:
+        """The scripted decision for one observation."""
+        (decision,) = self._policy.decide([observation])
+        return decision
+
+
+class LLMAgentPolicy:
+    """Prompts a chat model with a philosopher's observation, rendered from the templates.
+
+    Every call gets its own sampling seed from (episode seed, seat, round), so an episode's
+    samples do not depend on how concurrent calls are scheduled or batched.
+
+    Args:
+        backend: The chat model.
+        templates: The prompt templates of ``config/prompts/``.
+        episode_seed: The episode's seed.
+    """
+
+    def __init__(self, backend: ChatBackend, templates: PromptTemplates, episode_seed: int):
+        self._backend = backend
+        self._templates = templates
+        self._episode_seed = episode_seed
+
+    async def adecide(self, observation: Observation) -> Decision:
+        """Render the prompt, call the model and return its parsed decision."""
+        messages = [
+            {"role": "system", "content": self._templates.render_system(observation)},
+            {"role": "user", "content": self._templates.render_observation(observation)},
+        ]
+        seed = derive_seed(self._episode_seed, observation.philosopher, observation.round)
+        return await self._backend.decide(messages, TOOLS[observation.protocol], seed)

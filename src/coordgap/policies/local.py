@@ -1,0 +1,392 @@
+"""An in-process causal LM that decides tool calls for many philosophers at once.
+
+One ``LocalChatModel`` serves every philosopher of every episode a job runs. Concurrent
+``decide`` calls are micro-batched: while one batch runs in a worker thread, the event loop
+keeps collecting requests, and the next batch takes whatever has arrived (up to
+``max_batch``). Each request samples with its own seeded generator, so its decision does not
+depend on which other requests shared its batch.
+
+Two decodings exist (DESIGN.md §4). ``constrained`` scores the allowed tools' tool-call
+continuations against the prompt's KV cache and samples one of them, so it always yields a
+tool; a 135M model cannot write tool calls on its own (reference/cpu-feasibility.md §2.3).
+``free`` samples text and parses whatever calls it contains.
+
+Log-probabilities are computed with the output layer in float32: bf16 logits are rounded to
+about 0.1 at typical magnitudes, which would make the recorded log-probs, and with them the
+GRPO importance ratios, noisy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coordgap.env.protocols import TOOL_DESCRIPTIONS
+from coordgap.policies.base import Decision, Transcript
+from coordgap.policies.parsing import parse_text_tool_calls
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.cache_utils import Cache
+
+    from coordgap.env.protocols import Tool
+
+Decoding = Literal["constrained", "free"]
+
+# Event-loop turns the batcher waits for more requests before it runs a batch. Callers that
+# start together (asyncio.gather, one round of philosophers) have all enqueued after one
+# turn; the extra turns catch callers that await something small first.
+_COLLECT_TURNS = 4
+
+
+def call_text(tool: Tool) -> str:
+    """The tool-call text a model writes to call ``tool`` (Hermes format, no arguments).
+
+    Args:
+        tool: The tool.
+
+    Returns:
+        ``<tool_call>\\n{"name": "<tool>", "arguments": {}}\\n</tool_call>``.
+    """
+    return f"<tool_call>\n{json.dumps({'name': tool.value, 'arguments': {}})}\n</tool_call>"
+
+
+def with_tools(messages: Sequence[Mapping[str, str]], tools: Sequence[Tool]) -> list[dict[str, str]]:
+    """Add a description of the tools to a conversation's system message.
+
+    Chat templates of small models (SmolLM2's among them) ignore ``tools=``, so the tools are
+    described in the system prompt, in the format the continuations are scored in.
+
+    Args:
+        messages: The conversation; a leading system message is extended, otherwise one is
+            inserted.
+        tools: The tools allowed at this table.
+
+    Returns:
+        The conversation as sent to the model.
+    """
+    listing = "\n".join(f"- {tool.value}: {TOOL_DESCRIPTIONS[tool]}" for tool in tools)
+    example = call_text(tools[0]).replace(f'"{tools[0].value}"', '"<tool name>"')
+    block = f"Tools:\n{listing}\n\nCall one tool by replying with:\n{example}"
+    chat = [dict(message) for message in messages]
+    if chat and chat[0]["role"] == "system":
+        chat[0]["content"] = f"{chat[0]['content']}\n\n{block}"
+    else:
+        chat.insert(0, {"role": "system", "content": block})
+    return chat
+
+
+@dataclass(slots=True)
+class _Request:
+    """A pending ``decide`` call."""
+
+    messages: list[dict[str, str]]
+    tools: tuple[Tool, ...]
+    seed: int
+    future: asyncio.Future[Decision]
+    started: float
+
+
+class LocalChatModel:
+    """A Hugging Face causal LM, optionally with a LoRA adapter, shared by a job's decisions.
+
+    Args:
+        path: A prepared model folder (see ``coordgap.models.prepare``).
+        adapter: A peft LoRA adapter folder to apply, or None for the base model.
+        decoding: ``constrained`` (score the tools' calls) or ``free`` (generate and parse).
+        temperature: Sampling temperature; 0 is greedy (ties go to the first candidate).
+        max_new_tokens: The generation limit of ``free`` decoding.
+        max_batch: The most requests one forward pass serves.
+        device: ``auto`` (CUDA when available, else CPU) or a torch device name.
+
+    Attributes:
+        model: The causal LM (a ``PeftModel`` when an adapter is given), in bf16, eval mode.
+        tokenizer: Its tokenizer.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        adapter: str | Path | None = None,
+        decoding: Decoding,
+        temperature: float,
+        max_new_tokens: int,
+        max_batch: int,
+        device: str = "auto",
+    ) -> None:
+        if decoding not in ("constrained", "free"):
+            raise ValueError(f"decoding must be 'constrained' or 'free', not {decoding!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {temperature}")
+        if max_new_tokens < 1 or max_batch < 1:
+            raise ValueError("max_new_tokens and max_batch must be at least 1")
+        self.decoding = decoding
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.max_batch = max_batch
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(self.device)
+        if adapter is not None:
+            from peft import PeftModel
+
+            # Not merged: the trainer computes log-probs through the unmerged adapter, and
+            # merging into bf16 weights would round the update away from what it computes.
+            model = PeftModel.from_pretrained(model, adapter)
+        self.model: PreTrainedModel = model.eval()
+        self._decoder = model.get_decoder()
+        self._head = model.get_output_embeddings().weight.detach().float()
+        self._end_id: int = self.tokenizer.eos_token_id
+        self._pad_id: int = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self._end_id
+        )
+        self._continuations: dict[Tool, list[int]] = {}
+        self._pending: list[_Request] = []
+        self._runner: asyncio.Task[None] | None = None
+
+    async def decide(
+        self, messages: Sequence[Mapping[str, str]], tools: Sequence[Tool], seed: int
+    ) -> Decision:
+        """Decide one philosopher's tool call.
+
+        Args:
+            messages: The conversation (system and user messages), without tool descriptions.
+            tools: The tools allowed at this table, in their protocol's order.
+            seed: Seeds this decision's sampling; equal seeds give equal decisions.
+
+        Returns:
+            The decision, with a transcript of the LLM call (the messages as sent, the sampled
+            tokens and their log-probs) for training.
+        """
+        if not tools:
+            raise ValueError("decide needs at least one tool")
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            with_tools(messages, tools), tuple(tools), seed, loop.create_future(),
+            time.perf_counter(),
+        )
+        self._pending.append(request)
+        if self._runner is None or self._runner.done():
+            self._runner = loop.create_task(self._serve())
+        return await request.future
+
+    async def _serve(self) -> None:
+        """Run batches of pending requests until none is left."""
+        while self._pending:
+            for _ in range(_COLLECT_TURNS):
+                if len(self._pending) >= self.max_batch:
+                    break
+                await asyncio.sleep(0)
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            try:
+                # In a thread, so the event loop keeps collecting the next batch meanwhile.
+                decisions = await asyncio.to_thread(self._run, batch)
+            except Exception as error:
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            finished = time.perf_counter()
+            for request, decision in zip(batch, decisions, strict=True):
+                # A caller may have given up (cancelled) while its batch ran.
+                if not request.future.done():
+                    latency = finished - request.started
+                    request.future.set_result(replace(decision, latency_s=latency))
+
+    @torch.inference_mode()
+    def _run(self, batch: list[_Request]) -> list[Decision]:
+        """Decide a batch of requests (latency not yet filled in)."""
+        if self.decoding == "constrained":
+            return self._choose(batch)
+        return self._generate(batch)
+
+    def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids of a conversation rendered for the assistant's turn."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        # The template writes every special token itself; the tokenizer must not add a BOS.
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _continuation(self, tool: Tool) -> list[int]:
+        """The token ids of the assistant's turn that calls ``tool``, end-of-turn included."""
+        if tool not in self._continuations:
+            ids = self.tokenizer(call_text(tool), add_special_tokens=False).input_ids
+            self._continuations[tool] = [*ids, self._end_id]
+        return self._continuations[tool]
+
+    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token log-probs from final hidden states, the output layer in float32."""
+        return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
+
+    def _prefill(
+        self, prompts: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Cache]:
+        """Run the prompts as one left-padded batch.
+
+        Returns:
+            The log-probs of each prompt's next token ``[B, V]``, the attention mask
+            ``[B, L]``, each prompt's length ``[B]`` and the KV cache.
+        """
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self._pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        # Positions count real tokens only, so a padded prompt sees the positions it would
+        # see alone; padding positions are masked out and their value does not matter.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._decoder(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=True,
+        )
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        return (
+            self._log_probs(out.last_hidden_state[:, -1]),
+            mask.to(self.device),
+            lengths,
+            out.cache,
+        )
+
+    def _choose(self, batch: list[_Request]) -> list[Decision]:
+        """Constrained decoding: score every allowed tool's call and sample one per request.
+
+        The prompts run once; the candidates then run together against the prompt KV cache,
+        copied once per candidate (``batch_select_indices``). The first continuation token's
+        log-prob comes from the prompt pass, the others from the candidate pass.
+        """
+        prompts = [self._prompt(request.messages) for request in batch]
+        first, mask, lengths, cache = self._prefill(prompts)
+        owners = [b for b, request in enumerate(batch) for _ in request.tools]
+        candidates = [self._continuation(tool) for request in batch for tool in request.tools]
+        width = max(map(len, candidates))
+        ids = torch.tensor([c + [self._pad_id] * (width - len(c)) for c in candidates])
+        own_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in candidates])
+        owner = torch.tensor(owners, device=self.device)
+        cache.batch_select_indices(owner)
+        hidden = self._decoder(
+            input_ids=ids.to(self.device),
+            attention_mask=torch.cat([mask[owner], own_mask.to(self.device)], dim=1),
+            position_ids=lengths[owner, None] + torch.arange(width, device=self.device),
+            cache=cache,
+            use_cache=True,
+        ).last_hidden_state
+        decisions = []
+        row = 0
+        for b, request in enumerate(batch):
+            rows = slice(row, row + len(request.tools))
+            row = rows.stop
+            # Position j predicts continuation token j + 1; one request's rows at a time keeps
+            # the float32 vocabulary-sized tensor small.
+            later = self._log_probs(hidden[rows, :-1]).gather(-1, ids[rows, 1:, None].to(self.device))
+            token_lps = []
+            for k, continuation in enumerate(candidates[rows]):
+                lps = torch.cat([first[b, continuation[:1]], later[k, : len(continuation) - 1, 0]])
+                token_lps.append(lps.cpu())
+            # Summed, not length-normalised: the sum is the log-probability the model gives
+            # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
+            # over the allowed calls. Normalising by length would favour long tool names,
+            # whose later tokens are nearly certain once the name has begun.
+            totals = torch.stack([lps.sum() for lps in token_lps])
+            k = _sample(totals, self.temperature, _generator(request.seed))
+            decisions.append(
+                self._decision(
+                    request, prompts[b], candidates[rows][k], token_lps[k].tolist(),
+                    tool=request.tools[k],
+                )
+            )
+        return decisions
+
+    def _generate(self, batch: list[_Request]) -> list[Decision]:
+        """Free decoding: sample each request's reply token by token, then parse it."""
+        prompts = [self._prompt(request.messages) for request in batch]
+        log_probs, mask, lengths, cache = self._prefill(prompts)
+        generators = [_generator(request.seed) for request in batch]
+        tokens: list[list[int]] = [[] for _ in batch]
+        token_lps: list[list[float]] = [[] for _ in batch]
+        for step in range(self.max_new_tokens):
+            if step:
+                # Finished rows keep decoding (their output is ignored): simpler than
+                # shrinking the batch and its cache, and the last rows finish soon anyway.
+                last = torch.tensor([row[-1] for row in tokens], device=self.device)
+                mask = F.pad(mask, (0, 1), value=1)
+                out = self._decoder(
+                    input_ids=last[:, None],
+                    attention_mask=mask,
+                    position_ids=(lengths + step - 1)[:, None],
+                    cache=cache,
+                    use_cache=True,
+                )
+                cache = out.cache
+                log_probs = self._log_probs(out.last_hidden_state[:, -1])
+            scores = log_probs.cpu()
+            for b, generator in enumerate(generators):
+                if tokens[b] and tokens[b][-1] == self._end_id:
+                    continue
+                token = _sample(scores[b], self.temperature, generator)
+                tokens[b].append(token)
+                token_lps[b].append(scores[b, token].item())
+            if all(row[-1] == self._end_id for row in tokens):
+                break
+        return [
+            self._decision(request, prompts[b], tokens[b], token_lps[b])
+            for b, request in enumerate(batch)
+        ]
+
+    def _decision(
+        self,
+        request: _Request,
+        prompt: list[int],
+        tokens: list[int],
+        log_probs: list[float],
+        *,
+        tool: Tool | None = None,
+    ) -> Decision:
+        """Build a request's decision; without ``tool`` the reply text is parsed for one."""
+        completion = self.tokenizer.decode(tokens)
+        raw = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        reason = None
+        if tool is None:
+            tool, reason = parse_text_tool_calls(raw, request.tools)
+        return Decision(
+            tool=tool,
+            no_call_reason=reason,
+            raw=raw,
+            tokens_in=len(prompt),
+            tokens_out=len(tokens),
+            transcript=Transcript(
+                messages=tuple(request.messages),
+                completion=completion,
+                token_ids=tuple(tokens),
+                logprobs=tuple(log_probs),
+            ),
+        )
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded for one request: its draws do not depend on the batch."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _sample(scores: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+    """Draw an index from softmax(scores / temperature); argmax (first on ties) at 0."""
+    if temperature == 0:
+        return int(torch.argmax(scores))
+    probs = torch.softmax(scores.double() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,345 @@
+"""Chat-model backends: one decision per call to an OpenAI-compatible or LangChain chat model.
+
+The backend owns retries. The client libraries are told not to retry (``max_retries=0``) so that
+every wait is visible here, bounded by our settings and drawn from a generator seeded per call:
+retries then neither multiply (client retries inside ours) nor break reproducibility.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import openai
+from langchain_core.messages import convert_to_messages
+from pydantic import SecretStr, ValidationError
+
+from coordgap.policies.base import Decision, NoCallReason
+from coordgap.policies.parsing import parse_ai_message
+from coordgap.policies.tools import tool_schema
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import Runnable
+
+    from coordgap.env.protocols import Tool
+
+logger = logging.getLogger(__name__)
+
+# Sent to keyless local servers. Passing nothing would make the OpenAI client fall back to
+# OPENAI_API_KEY from the environment and send a real key to a server that needs none.
+KEYLESS_PLACEHOLDER = "not-needed"
+# tool_choice values passed through as they are; anything else names the one tool to call.
+_TOOL_CHOICE_MODES = frozenset({"auto", "required", "none"})
+# 408 is a server-side timeout, 429 a rate limit, 5xx a server fault: all may pass on retry.
+_RETRYABLE_STATUS = frozenset({408, 429})
+# Failures of the connection itself, found anywhere in an exception's cause chain: the SDKs
+# (openai, anthropic, ...) wrap their HTTP library's errors, which wrap the socket's.
+_CONNECTION_FAILURES = (TimeoutError, ConnectionError, openai.APIConnectionError)
+
+
+class MissingAPIKeyError(RuntimeError):
+    """The environment variable that should hold a model's API key is unset or empty."""
+
+    def __init__(self, env_var: str) -> None:
+        super().__init__(f"environment variable {env_var} must hold the API key; it is unset")
+        self.env_var = env_var
+
+
+@dataclass(slots=True)
+class BackendStats:
+    """Running counts of a backend's calls, for progress reporting.
+
+    Attributes:
+        calls: Decisions requested.
+        retries: Attempts repeated after a retryable failure.
+        transport_errors: Decisions that ended as ``TRANSPORT_ERROR``.
+    """
+
+    calls: int = 0
+    retries: int = 0
+    transport_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A failed attempt as the retry loop sees it; ``label`` is safe to store and log."""
+
+    label: str
+    retryable: bool
+    retry_after_s: float | None = None
+
+
+@dataclass(eq=False, slots=True)
+class OpenAICompatible:
+    """A chat model bound to the philosophers' tools: the ``ChatBackend`` of model kind openai.
+
+    Built from its settings, it reads the API key and creates the LangChain chat model at once,
+    so a missing key fails at start-up. Many ``decide`` calls may be in flight at once on one
+    event loop; they share the model's HTTP connection pool.
+
+    Attributes:
+        model: The model name the server knows.
+        base_url: The endpoint, e.g. ``http://127.0.0.1:8011/v1``; None for the provider's own.
+        provider: ``"openai"`` for any OpenAI-compatible endpoint (vLLM, llama.cpp, OpenAI,
+            xAI, OpenRouter); any other value is a LangChain ``init_chat_model`` provider.
+        api_key_env: The environment variable holding the API key; None for keyless servers.
+        temperature: Sampling temperature.
+        top_p: Nucleus-sampling mass.
+        max_tokens: Completion token limit; None for the server's default.
+        extra_body: Extra request-body fields (openai only), e.g. Qwen3's
+            ``{"chat_template_kwargs": {"enable_thinking": False}}``.
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or the name of the tool to call.
+            llama.cpp's server answers ``"required"`` with HTTP 500; a tool name works there.
+        timeout_s: Limit of one attempt, in seconds.
+        max_retries: Attempts after the first for timeouts, 408, 429, 5xx and lost connections.
+        backoff_base_s: The first retry waits up to this long; the bound doubles per retry.
+        backoff_max_s: The longest wait between attempts, also the cap on a Retry-After.
+        stats: Running counts of calls, retries and transport errors.
+
+    Raises:
+        MissingAPIKeyError: ``api_key_env`` is set but the variable is unset or empty.
+        ImportError: A non-openai provider's LangChain packages are not installed.
+        ValueError: A setting is out of range.
+    """
+
+    model: str
+    base_url: str | None = None
+    provider: str = "openai"
+    api_key_env: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    tool_choice: str = "auto"
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    stats: BackendStats = field(default_factory=BackendStats, init=False)
+    _chat_model: BaseChatModel = field(init=False, repr=False)
+    _bound: dict[tuple[Tool, ...], Runnable[Any, AIMessage]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if not 0 <= self.backoff_base_s <= self.backoff_max_s:
+            raise ValueError(
+                f"need 0 <= backoff_base_s <= backoff_max_s, got {self.backoff_base_s} "
+                f"and {self.backoff_max_s}"
+            )
+        if self.extra_body and self.provider != "openai":
+            raise ValueError(f"extra_body needs provider 'openai', not {self.provider!r}")
+        self._chat_model = self._build_chat_model(_read_api_key(self.api_key_env))
+
+    async def decide(
+        self, messages: list[dict[str, str]], tools: Sequence[Tool], seed: int
+    ) -> Decision:
+        """Ask the model for one tool call, retrying transport failures.
+
+        Args:
+            messages: The chat so far, as ``{"role": ..., "content": ...}`` dicts.
+            tools: The tools the philosopher may call.
+            seed: Seeds the backoff jitter and, for provider openai, the server's sampling.
+
+        Returns:
+            The parsed decision. When every attempt failed, or one failed in a way a retry
+            cannot fix (a 4xx other than 408 and 429), a ``TRANSPORT_ERROR`` decision whose
+            ``raw`` names only the error class and HTTP status.
+        """
+        model = self._bind(tuple(tools))
+        chat = convert_to_messages(messages)
+        # Per-call options: the API's seed is an OpenAI parameter other providers may reject.
+        options = {"seed": seed} if self.provider == "openai" else {}
+        rng = random.Random(seed)
+        self.stats.calls += 1
+        start = time.perf_counter()
+        attempt = 0
+        while True:
+            try:
+                reply = await asyncio.wait_for(model.ainvoke(chat, **options), self.timeout_s)
+            except ValidationError as exc:
+                # langchain-openai decodes each call's arguments, then builds the message outside
+                # its error handling: arguments that are JSON but no object ("[1]") fail the
+                # message's validation instead of becoming an invalid call.
+                errors = exc.errors()
+                if not all(error["loc"][:1] == ("tool_calls",) for error in errors):
+                    raise
+                arguments = json.dumps([error["input"] for error in errors], default=str)
+                return Decision(
+                    tool=None,
+                    no_call_reason=NoCallReason.BAD_ARGUMENTS,
+                    raw=f"tool-call arguments that are no JSON object: {arguments}",
+                    latency_s=time.perf_counter() - start,
+                )
+            except Exception as exc:
+                failure = _classify(exc)
+                if failure is None:
+                    raise
+                if failure.retryable and attempt < self.max_retries:
+                    attempt += 1
+                    self.stats.retries += 1
+                    delay = self._backoff(attempt, failure.retry_after_s, rng)
+                    logger.debug("retry %d after %s in %.2f s", attempt, failure.label, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                self.stats.transport_errors += 1
+                logger.warning("no decision after %d attempt(s): %s", attempt + 1, failure.label)
+                return Decision(
+                    tool=None,
+                    no_call_reason=NoCallReason.TRANSPORT_ERROR,
+                    raw=failure.label,
+                    latency_s=time.perf_counter() - start,
+                )
+            tool, reason = parse_ai_message(reply, tools)
+            usage = reply.usage_metadata or {}
+            return Decision(
+                tool=tool,
+                no_call_reason=reason,
+                raw=_render(reply),
+                tokens_in=usage.get("input_tokens", 0),
+                tokens_out=usage.get("output_tokens", 0),
+                latency_s=time.perf_counter() - start,
+            )
+
+    def _build_chat_model(self, api_key: str | None) -> BaseChatModel:
+        """Build the LangChain chat model, with the client's own retries off."""
+        common: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "timeout": self.timeout_s,
+            "max_retries": 0,
+        }
+        if self.base_url is not None:
+            common["base_url"] = self.base_url
+        if self.provider == "openai":
+            from langchain_openai import ChatOpenAI
+
+            return ChatOpenAI(
+                model=self.model,
+                api_key=SecretStr(api_key or KEYLESS_PLACEHOLDER),
+                extra_body=dict(self.extra_body) or None,
+                **common,
+            )
+        try:
+            from langchain.chat_models import init_chat_model
+        except ImportError as exc:
+            raise ImportError(
+                f"provider {self.provider!r} needs the 'langchain' package and LangChain's "
+                f"integration package for {self.provider!r} (pip install langchain "
+                f"langchain-{self.provider.replace('_', '-')})"
+            ) from exc
+        if api_key is not None:
+            common["api_key"] = api_key
+        return init_chat_model(self.model, model_provider=self.provider, **common)
+
+    def _bind(self, tools: tuple[Tool, ...]) -> Runnable[Any, AIMessage]:
+        """Return the model bound to ``tools``, binding once per tool set."""
+        if tools not in self._bound:
+            if self.tool_choice not in _TOOL_CHOICE_MODES and self.tool_choice not in tools:
+                raise ValueError(f"tool_choice {self.tool_choice!r} is not one of {tools}")
+            self._bound[tools] = self._chat_model.bind_tools(
+                [tool_schema(tool) for tool in tools], tool_choice=self.tool_choice
+            )
+        return self._bound[tools]
+
+    def _backoff(self, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Return the wait before retry ``attempt`` (1-based).
+
+        A server's Retry-After wins, capped at ``backoff_max_s``. Otherwise "full jitter": a
+        uniform draw below an exponentially growing bound, which spreads out the retries of the
+        many philosophers that failed at the same moment.
+        """
+        if retry_after_s is not None:
+            return min(retry_after_s, self.backoff_max_s)
+        bound = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        return rng.uniform(0.0, bound)
+
+
+def _read_api_key(env_var: str | None) -> str | None:
+    """Return the API key held by ``env_var``; None when no variable is configured."""
+    if env_var is None:
+        return None
+    key = os.environ.get(env_var, "")
+    if not key:
+        raise MissingAPIKeyError(env_var)
+    return key
+
+
+def _classify(exc: Exception) -> _Failure | None:
+    """Describe a failed attempt, or return None for an error that is no transport failure.
+
+    An HTTP error is recognised by the ``status_code`` of the SDK exceptions (openai, anthropic
+    and others share that shape); the label keeps only the class name and status, because
+    messages and headers may quote request details.
+    """
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        retryable = status in _RETRYABLE_STATUS or status >= 500
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None)
+        return _Failure(
+            label=f"{type(exc).__name__} (HTTP {status})",
+            retryable=retryable,
+            retry_after_s=_retry_after_s(headers) if retryable and headers is not None else None,
+        )
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, _CONNECTION_FAILURES):
+            # Python 3.11's asyncio.TimeoutError is the built-in TimeoutError.
+            return _Failure(label=type(exc).__name__, retryable=True)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Return the wait a response asks for, in seconds; None without a usable header.
+
+    Reads OpenAI's ``retry-after-ms`` first, then ``Retry-After`` as seconds or an HTTP date.
+    """
+    millis = _non_negative(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _non_negative(text: str | None) -> float | None:
+    """Return ``text`` as a number clipped at 0, or None when it is absent or not a number."""
+    if text is None:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        return None
+
+
+def _render(reply: AIMessage) -> str:
+    """Return the reply's text followed by its tool calls as JSON, valid and invalid alike."""
+    calls = [{"name": c["name"], "arguments": json.dumps(c["args"])} for c in reply.tool_calls]
+    calls += [{"name": c["name"], "arguments": c["args"]} for c in reply.invalid_tool_calls]
+    return "\n".join(part for part in (reply.text, json.dumps(calls) if calls else "") if part)

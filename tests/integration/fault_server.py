@@ -1,0 +1,251 @@
+"""A scripted OpenAI-compatible chat server on loopback, for fault-injection tests and benchmarks.
+
+Each request to ``POST /v1/chat/completions`` is answered by the next behaviour of a script;
+the last one repeats once the script is used up. Every request's headers and body are recorded.
+
+In a test::
+
+    with FaultServer([rate_limited("1"), ok("eat")]) as server:
+        ...  # point a client at server.base_url, then inspect server.requests
+
+From a shell (serves one behaviour, forever, and prints its port first)::
+
+    python -m tests.integration.fault_server --latency-ms 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """How to answer one request.
+
+    Attributes:
+        status: The HTTP status; not 200 sends an OpenAI-style error body.
+        calls: The tool calls of a 200 answer, as ``(name, arguments JSON text)``.
+        content: The message text of a 200 answer (None is JSON null).
+        delay_s: Seconds to wait before answering.
+        retry_after: The Retry-After header of an error answer.
+        echo_key: Quote the presented API key in the error message, as OpenAI's 401 does.
+    """
+
+    status: int = 200
+    calls: tuple[tuple[str, str], ...] = ()
+    content: str | None = None
+    delay_s: float = 0.0
+    retry_after: str | None = None
+    echo_key: bool = False
+
+
+def ok(name: str, arguments: str = "{}", delay_s: float = 0.0) -> Behaviour:
+    """One tool call; also the hallucinated-name and bad-arguments cases, by their inputs."""
+    return Behaviour(calls=((name, arguments),), delay_s=delay_s)
+
+
+def fixed_latency(ms: float, name: str = "think") -> Behaviour:
+    """A valid call after ``ms`` milliseconds: a model server of known speed, for benchmarks."""
+    return ok(name, delay_s=ms / 1000)
+
+
+def text_only(text: str = "I would like to eat now.") -> Behaviour:
+    """Text and no tool call."""
+    return Behaviour(content=text)
+
+
+def empty() -> Behaviour:
+    """Neither text nor tool call."""
+    return Behaviour(content="")
+
+
+def two_calls(first: str = "pick_up_left", second: str = "pick_up_right") -> Behaviour:
+    """Two tool calls in one message."""
+    return Behaviour(calls=((first, "{}"), (second, "{}")))
+
+
+def rate_limited(retry_after: str | None = "1") -> Behaviour:
+    """HTTP 429, with a Retry-After of seconds or an HTTP date (None: no header)."""
+    return Behaviour(status=429, retry_after=retry_after)
+
+
+def failing(status: int = 500) -> Behaviour:
+    """An error status with an OpenAI-style error body."""
+    return Behaviour(status=status)
+
+
+def unauthorized() -> Behaviour:
+    """HTTP 401 whose message quotes the key, as OpenAI's does: bait for leaks downstream."""
+    return Behaviour(status=401, echo_key=True)
+
+
+def hang(seconds: float = 30.0) -> Behaviour:
+    """Answer only after ``seconds``, past any sensible client timeout."""
+    return ok("think", delay_s=seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the server saw it."""
+
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class FaultServer:
+    """The scripted server, run in a background thread while used as a context manager.
+
+    Attributes:
+        requests: Every chat-completion request received, in arrival order.
+    """
+
+    def __init__(self, script: Sequence[Behaviour], port: int = 0) -> None:
+        if not script:
+            raise ValueError("the script needs at least one behaviour")
+        self.requests: list[RecordedRequest] = []
+        self._script = list(script)
+        self._lock = threading.Lock()
+        # Set on shutdown so that delayed answers (hang) stop waiting at once.
+        self._stopping = threading.Event()
+        self._http = _HTTPServer(("127.0.0.1", port), _Handler)
+        self._http.fault = self
+        # A short poll interval makes shutdown, hence every test's teardown, quick.
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        """The loopback port the server listens on."""
+        return self._http.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL of the server, ``http://127.0.0.1:<port>/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> FaultServer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stopping.set()
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
+
+    def _next(self, request: RecordedRequest) -> Behaviour:
+        """Record ``request`` and return the behaviour that answers it."""
+        with self._lock:
+            self.requests.append(request)
+            return self._script[min(len(self.requests), len(self._script)) - 1]
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    # The default backlog of 5 drops connections when 64 clients connect at once.
+    request_queue_size = 256
+    fault: FaultServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keeps connections alive, as real model servers do; every answer has a length.
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; Nagle would hold the second back for an ACK.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path != "/v1/chat/completions":
+            self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            return
+        fault = self.server.fault
+        behaviour = fault._next(RecordedRequest(dict(self.headers.items()), body))
+        if behaviour.delay_s and fault._stopping.wait(behaviour.delay_s):
+            return
+        if behaviour.status != 200:
+            self._send_error(behaviour)
+        else:
+            self._send(200, _completion(behaviour, body.get("model", "fault")))
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet: a test's output should be its own."""
+
+    def _send_error(self, behaviour: Behaviour) -> None:
+        message = f"scripted HTTP {behaviour.status}"
+        if behaviour.echo_key:
+            message = f"Incorrect API key provided: {self.headers.get('Authorization', '')}"
+        headers = {"Retry-After": behaviour.retry_after} if behaviour.retry_after else {}
+        self._send(behaviour.status, {"error": {"message": message, "type": "fault"}}, headers)
+
+    def _send(
+        self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            # The client gave up (its timeout) and closed the connection: nothing to answer.
+            self.close_connection = True
+
+
+def _completion(behaviour: Behaviour, model: str) -> dict[str, Any]:
+    """Return the OpenAI chat-completion body of a 200 behaviour."""
+    message: dict[str, Any] = {"role": "assistant", "content": behaviour.content}
+    if behaviour.calls:
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+            for i, (name, args) in enumerate(behaviour.calls)
+        ]
+    return {
+        "id": "chatcmpl-fault",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if behaviour.calls else "stop",
+            }
+        ],
+        "usage": USAGE,
+    }
+
+
+def main() -> None:
+    """Serve a fixed-latency valid call until killed; print the port first, on its own line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-ms", type=float, default=100.0)
+    parser.add_argument("--tool", default="think")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    with FaultServer([fixed_latency(args.latency_ms, args.tool)], port=args.port) as server:
+        print(server.port, flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

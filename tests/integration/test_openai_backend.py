@@ -1,0 +1,336 @@
+"""The OpenAI-compatible backend against a real HTTP server that misbehaves on script."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.policies.base import Decision, NoCallReason
+from coordgap.policies.remote import KEYLESS_PLACEHOLDER, MissingAPIKeyError, OpenAICompatible
+from tests.integration.fault_server import (
+    Behaviour,
+    FaultServer,
+    empty,
+    failing,
+    fixed_latency,
+    hang,
+    ok,
+    rate_limited,
+    text_only,
+    two_calls,
+    unauthorized,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+pytestmark = pytest.mark.integration
+
+TOOLS6 = TOOLS[Protocol.TOOLS6]
+MESSAGES = [
+    {"role": "system", "content": "You are philosopher 0 at a table of 5."},
+    {"role": "user", "content": "Both your forks are free. Call exactly one tool."},
+]
+# Retries in these tests wait milliseconds, unless a test is about the wait.
+FAST = {"timeout_s": 5.0, "max_retries": 2, "backoff_base_s": 0.01, "backoff_max_s": 0.05}
+
+
+def backend(server: FaultServer, **settings: Any) -> OpenAICompatible:
+    return OpenAICompatible(model="fault-model", base_url=server.base_url, **(FAST | settings))
+
+
+def play(
+    script: Sequence[Behaviour], calls: int = 1, **settings: Any
+) -> tuple[list[Decision], FaultServer, OpenAICompatible, float]:
+    """Run ``calls`` decisions one after another; return them, the server, backend and time."""
+    with FaultServer(script) as server:
+        model = backend(server, **settings)
+
+        async def run() -> list[Decision]:
+            return [await model.decide(MESSAGES, TOOLS6, seed) for seed in range(calls)]
+
+        start = time.perf_counter()
+        decisions = asyncio.run(run())
+        return decisions, server, model, time.perf_counter() - start
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "tool", "reason"),
+    [
+        (ok("eat"), Tool.EAT, None),
+        (ok("think", "{ }"), Tool.THINK, None),
+        (text_only(), None, NoCallReason.NO_CALL),
+        (empty(), None, NoCallReason.EMPTY),
+        (two_calls(), None, NoCallReason.SEVERAL_CALLS),
+        (two_calls("eat", "eat"), None, NoCallReason.SEVERAL_CALLS),
+        (ok("fly_away"), None, NoCallReason.UNKNOWN_TOOL),
+        (ok("grab_left"), None, NoCallReason.UNKNOWN_TOOL),  # a tool of the other protocol
+        (ok("eat", '{"fork": "left"'), None, NoCallReason.BAD_ARGUMENTS),
+        (ok("eat", '{"fork": "left"}'), None, NoCallReason.BAD_ARGUMENTS),
+    ],
+)
+def test_each_reply_maps_to_its_decision(
+    behaviour: Behaviour, tool: Tool | None, reason: NoCallReason | None
+) -> None:
+    (decision,), server, model, _ = play([behaviour])
+    assert (decision.tool, decision.no_call_reason) == (tool, reason)
+    assert len(server.requests) == 1
+    assert model.stats.retries == 0
+    for name, _arguments in behaviour.calls:
+        assert name in decision.raw
+    if behaviour.content:
+        assert behaviour.content in decision.raw
+
+
+def test_arguments_that_are_json_but_no_object_are_bad_arguments() -> None:
+    # LangChain fails on these before a message exists, so raw keeps only the arguments.
+    (decision,), _, _, _ = play([ok("eat", "[1]")])
+    assert (decision.tool, decision.no_call_reason) == (None, NoCallReason.BAD_ARGUMENTS)
+    assert "[1]" in decision.raw
+
+
+def test_a_valid_call_records_usage_raw_and_latency() -> None:
+    (decision,), _, _, elapsed = play([ok("eat", delay_s=0.2)])
+    assert decision.tool is Tool.EAT
+    assert (decision.tokens_in, decision.tokens_out) == (11, 7)
+    assert decision.raw == '[{"name": "eat", "arguments": "{}"}]'
+    assert 0.2 <= decision.latency_s <= elapsed
+
+
+def test_the_request_carries_tools_sampling_seed_and_extra_body() -> None:
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    _, server, _, _ = play([ok("eat")], temperature=0.7, top_p=0.9, max_tokens=64, extra_body=extra)
+    body = server.requests[0].body
+    assert [tool["function"]["name"] for tool in body["tools"]] == [t.value for t in TOOLS6]
+    assert body["tools"][0]["function"]["parameters"]["additionalProperties"] is False
+    assert body["tool_choice"] == "auto"
+    assert body["seed"] == 0
+    assert (body["temperature"], body["top_p"]) == (0.7, 0.9)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["messages"] == MESSAGES
+
+
+def test_a_named_tool_choice_is_sent_as_a_function_choice() -> None:
+    (decision,), server, _, _ = play([ok("think")], tool_choice="think")
+    assert decision.tool is Tool.THINK
+    assert server.requests[0].body["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "think"},
+    }
+
+
+def test_a_tool_choice_outside_the_tools_is_refused() -> None:
+    with pytest.raises(ValueError, match="grab_left"):
+        play([ok("think")], tool_choice="grab_left")
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    ["1", "1.0", email.utils.formatdate(time.time() + 2, usegmt=True)],
+    ids=["seconds", "float-seconds", "http-date"],
+)
+def test_429_waits_as_long_as_retry_after_says(retry_after: str) -> None:
+    (decision,), server, model, elapsed = play(
+        [rate_limited(retry_after), ok("eat")], backoff_max_s=5.0
+    )
+    assert decision.tool is Tool.EAT
+    assert model.stats.retries == 1
+    assert len(server.requests) == 2
+    # An HTTP date has one-second resolution, so its wait is between 1 and 2 seconds.
+    assert 0.9 <= elapsed < 3.0
+
+
+def test_retry_after_is_capped_at_backoff_max() -> None:
+    (decision,), _, _, elapsed = play([rate_limited("120"), ok("eat")], backoff_max_s=0.3)
+    assert decision.tool is Tool.EAT
+    assert 0.25 <= elapsed < 2.0
+
+
+def test_a_500_then_a_reply_is_a_decision_after_a_retry() -> None:
+    (decision,), server, model, _ = play([failing(500), ok("eat")])
+    assert decision.tool is Tool.EAT
+    assert model.stats.retries >= 1
+    assert model.stats.transport_errors == 0
+    assert len(server.requests) == 2
+
+
+def test_persistent_5xx_ends_as_a_transport_error_naming_class_and_status() -> None:
+    (decision,), server, model, _ = play([failing(503)], max_retries=3)
+    assert decision.tool is None
+    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
+    assert decision.raw == "InternalServerError (HTTP 503)"
+    assert len(server.requests) == 4
+    assert (model.stats.retries, model.stats.transport_errors) == (3, 1)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_a_client_error_is_not_retried(status: int) -> None:
+    (decision,), server, model, _ = play([failing(status), ok("eat")])
+    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
+    assert f"HTTP {status}" in decision.raw
+    assert len(server.requests) == 1
+    assert model.stats.retries == 0
+
+
+def test_a_hang_times_out_retries_and_ends_in_bounded_time() -> None:
+    timeout_s, max_retries = 0.3, 2
+    (decision,), server, model, elapsed = play(
+        [hang(30.0)], timeout_s=timeout_s, max_retries=max_retries
+    )
+    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
+    assert decision.raw == "TimeoutError"
+    assert len(server.requests) == max_retries + 1
+    assert model.stats.retries == max_retries
+    # Every attempt waits its timeout; the backoffs add at most backoff_max_s each.
+    attempts_s = (max_retries + 1) * timeout_s
+    assert attempts_s <= elapsed < attempts_s + max_retries * FAST["backoff_max_s"] + 1.0
+
+
+def test_a_refused_connection_is_retried_then_a_transport_error() -> None:
+    with FaultServer([ok("eat")]) as server:
+        url = server.base_url
+    # The server is gone, so its port refuses connections.
+    model = OpenAICompatible(model="fault-model", base_url=url, **FAST)
+    decision = asyncio.run(model.decide(MESSAGES, TOOLS6, 0))
+    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
+    assert decision.raw == "APIConnectionError"
+    assert model.stats.retries == FAST["max_retries"]
+
+
+def test_the_same_seed_draws_the_same_backoffs(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def record(delay: float) -> None:
+        waits.append(delay)
+
+    monkeypatch.setattr("coordgap.policies.remote.asyncio.sleep", record)
+    for _ in range(2):
+        play([failing(500)], max_retries=3, backoff_base_s=1.0, backoff_max_s=10.0)
+    assert waits[:3] == waits[3:]
+    assert all(0 <= wait <= bound for wait, bound in zip(waits, [1, 2, 4, 1, 2, 4], strict=True))
+
+
+def test_concurrent_decisions_overlap() -> None:
+    in_flight, latency_s = 32, 0.25
+    with FaultServer([fixed_latency(latency_s * 1000)]) as server:
+        model = backend(server)
+
+        async def run() -> list[Decision]:
+            calls = (model.decide(MESSAGES, TOOLS6, seed) for seed in range(in_flight))
+            return await asyncio.gather(*calls)
+
+        start = time.perf_counter()
+        decisions = asyncio.run(run())
+        elapsed = time.perf_counter() - start
+    assert all(decision.tool is Tool.THINK for decision in decisions)
+    # Sequential calls would take in_flight * latency_s = 8 s.
+    assert elapsed < 4 * latency_s
+
+
+def test_a_missing_key_fails_at_construction_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("COORDGAP_TEST_KEY", raising=False)
+    with pytest.raises(MissingAPIKeyError, match="COORDGAP_TEST_KEY") as caught:
+        OpenAICompatible(
+            model="m", base_url="http://127.0.0.1:9/v1", api_key_env="COORDGAP_TEST_KEY"
+        )
+    assert caught.value.env_var == "COORDGAP_TEST_KEY"
+    monkeypatch.setenv("COORDGAP_TEST_KEY", "")
+    with pytest.raises(MissingAPIKeyError, match="COORDGAP_TEST_KEY"):
+        OpenAICompatible(
+            model="m", base_url="http://127.0.0.1:9/v1", api_key_env="COORDGAP_TEST_KEY"
+        )
+
+
+def test_a_keyless_server_gets_the_placeholder_not_openai_api_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-stay-home")
+    _, server, _, _ = play([ok("eat")])
+    assert server.requests[0].headers["authorization"] == f"Bearer {KEYLESS_PLACEHOLDER}"
+
+
+def test_another_provider_without_langchain_names_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A None entry makes the import fail, as if the package were not installed.
+    monkeypatch.setitem(sys.modules, "langchain", None)
+    monkeypatch.setitem(sys.modules, "langchain.chat_models", None)
+    with pytest.raises(ImportError, match=r"'langchain'.*langchain-anthropic"):
+        OpenAICompatible(model="claude", provider="anthropic")
+
+
+def test_extra_body_needs_provider_openai() -> None:
+    with pytest.raises(ValueError, match="extra_body"):
+        OpenAICompatible(model="m", provider="anthropic", extra_body={"x": 1})
+
+
+def test_the_key_reaches_the_server_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    secret = "sk-coordgap-test-4f1e9a7c2b6d8e03"
+    monkeypatch.setenv("COORDGAP_TEST_KEY", secret)
+    # DEBUG everywhere, including the HTTP stack's own loggers, which may set their own levels.
+    caplog.set_level(logging.DEBUG)
+    for name in ("openai", "httpx", "httpcore", "httpx2", "httpcore2", "langchain_openai"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    script = [
+        ok("eat"),
+        unauthorized(),
+        failing(500),
+        failing(500),
+        failing(500),
+        rate_limited("0"),
+        text_only(),
+        ok("eat", "{bad"),
+        ok("eat", "[1]"),
+        hang(30.0),
+        ok("eat"),
+    ]
+    errors: list[BaseException] = []
+    with FaultServer(script) as server:
+        model = backend(server, api_key_env="COORDGAP_TEST_KEY", timeout_s=0.3)
+
+        async def run() -> list[Decision]:
+            decisions = [await model.decide(MESSAGES, TOOLS6, seed) for seed in range(8)]
+            try:
+                await OpenAICompatible(
+                    model="m",
+                    base_url=server.base_url,
+                    api_key_env="COORDGAP_TEST_KEY",
+                    tool_choice="release",
+                ).decide(MESSAGES, TOOLS6, 0)
+            except ValueError as error:
+                errors.append(error)
+            return decisions
+
+        decisions = asyncio.run(run())
+    assert all(
+        request.headers["authorization"] == f"Bearer {secret}" for request in server.requests
+    )
+    reasons = {decision.no_call_reason for decision in decisions}
+    assert NoCallReason.TRANSPORT_ERROR in reasons
+    assert None in reasons
+    assert errors
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    logged = "\n".join(formatter.format(record) for record in caplog.records)
+    assert caplog.records, "DEBUG logging captured nothing: the scan would prove nothing"
+    out, err = capfd.readouterr()
+    for place, text in {
+        "decisions": repr(decisions),
+        "log records": logged,
+        "stdout/stderr": out + err,
+        "exception messages": "\n".join(repr(error) for error in errors),
+        "backend repr": repr(model),
+    }.items():
+        assert secret not in text, f"the API key leaked into {place}"
