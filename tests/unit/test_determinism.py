@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
+from coordgap.agents.runner import CellOutputs, generate_cell
 from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import derive_seed
+from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import Protocol
 from coordgap.env.table import TieBreak, TurnOrder
-from coordgap.episodes import generate_cell
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 pytestmark = pytest.mark.unit
+
+PROMPTS = Path(__file__).resolve().parents[2] / "config" / "prompts"
 
 ENV = EnvironmentConfig(
     protocol=Protocol.TOOLS6,
@@ -28,11 +28,24 @@ ENV = EnvironmentConfig(
 
 
 def cell_bytes(folder: Path, policy: ScriptedPolicy, base_seed: int) -> tuple[bytes, bytes]:
-    """Generate a 5-seat, 20-episode cell into ``folder``; return its two files' bytes."""
-    episodes, steps = folder / "episodes.parquet", folder / "steps.parquet"
-    model = ModelSpec(name=policy.value, kind="scripted", policy=policy)
-    generate_cell(model, 5, ENV, 20, base_seed, episodes, steps)
-    return episodes.read_bytes(), steps.read_bytes()
+    """Generate a 5-seat, 20-episode cell into ``folder``; return its episode and step files."""
+    outputs = CellOutputs(
+        episodes=folder / "episodes.parquet",
+        steps=folder / "steps.parquet",
+        transcripts=folder / "transcripts.parquet",
+    )
+    model = ModelSpec.from_dict(policy.value, {"kind": "scripted", "policy": policy.value})
+    generate_cell(
+        model=model,
+        n=5,
+        env=ENV,
+        episodes=20,
+        base_seed=base_seed,
+        outputs=outputs,
+        templates=PromptTemplates.load(PROMPTS),
+        progress=False,
+    )
+    return outputs.episodes.read_bytes(), outputs.steps.read_bytes()
 
 
 @pytest.mark.parametrize("policy", [ScriptedPolicy.RANDOM, ScriptedPolicy.RESOURCE_HIERARCHY])
