@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from tests.integration.fault_server import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 pytestmark = pytest.mark.integration
 
@@ -133,12 +134,13 @@ def test_a_tool_choice_outside_the_tools_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "retry_after",
-    ["1", "1.0", email.utils.formatdate(time.time() + 2, usegmt=True)],
+    # Callables, so that the date is taken when the test runs, not when it is collected.
+    [lambda: "1", lambda: "1.0", lambda: email.utils.formatdate(time.time() + 2, usegmt=True)],
     ids=["seconds", "float-seconds", "http-date"],
 )
-def test_429_waits_as_long_as_retry_after_says(retry_after: str) -> None:
+def test_429_waits_as_long_as_retry_after_says(retry_after: Callable[[], str]) -> None:
     (decision,), server, model, elapsed = play(
-        [rate_limited(retry_after), ok("eat")], backoff_max_s=5.0
+        [rate_limited(retry_after()), ok("eat")], backoff_max_s=5.0
     )
     assert decision.tool is Tool.EAT
     assert model.stats.retries == 1
@@ -165,7 +167,7 @@ def test_persistent_5xx_ends_as_a_transport_error_naming_class_and_status() -> N
     (decision,), server, model, _ = play([failing(503)], max_retries=3)
     assert decision.tool is None
     assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
-    assert decision.raw == "InternalServerError (HTTP 503)"
+    assert re.fullmatch(r"\w+Error \(HTTP 503\)", decision.raw)
     assert len(server.requests) == 4
     assert (model.stats.retries, model.stats.transport_errors) == (3, 1)
 
@@ -185,7 +187,7 @@ def test_a_hang_times_out_retries_and_ends_in_bounded_time() -> None:
         [hang(30.0)], timeout_s=timeout_s, max_retries=max_retries
     )
     assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
-    assert decision.raw == "TimeoutError"
+    assert decision.raw.endswith("TimeoutError")
     assert len(server.requests) == max_retries + 1
     assert model.stats.retries == max_retries
     # Every attempt waits its timeout; the backoffs add at most backoff_max_s each.
@@ -200,7 +202,7 @@ def test_a_refused_connection_is_retried_then_a_transport_error() -> None:
     model = OpenAICompatible(model="fault-model", base_url=url, **FAST)
     decision = asyncio.run(model.decide(MESSAGES, TOOLS6, 0))
     assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
-    assert decision.raw == "APIConnectionError"
+    assert decision.raw.endswith("ConnectionError")
     assert model.stats.retries == FAST["max_retries"]
 
 

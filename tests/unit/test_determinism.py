@@ -28,7 +28,7 @@ ENV = EnvironmentConfig(
 
 
 def cell_bytes(folder: Path, policy: ScriptedPolicy, base_seed: int) -> tuple[bytes, bytes]:
-    """Generate a 5-seat, 20-episode cell into ``folder``; return its episode and step files."""
+    """Generate a 5-seat, 10-episode cell into ``folder``; return its episode and step files."""
     outputs = CellOutputs(
         episodes=folder / "episodes.parquet",
         steps=folder / "steps.parquet",
@@ -39,7 +39,7 @@ def cell_bytes(folder: Path, policy: ScriptedPolicy, base_seed: int) -> tuple[by
         model=model,
         n=5,
         env=ENV,
-        episodes=20,
+        episodes=10,
         base_seed=base_seed,
         outputs=outputs,
         templates=PromptTemplates.load(PROMPTS),

@@ -203,6 +203,24 @@ def test_random_tie_break_has_no_seat_bias(protocol: Protocol, fork: int) -> Non
 
 
 @pytest.mark.parametrize("protocol", list(Protocol))
+def test_random_tie_break_draws_are_pinned_to_the_table_generator(protocol: Protocol) -> None:
+    """Reproducibility contract: one ``integers(2)`` draw per contested fork, in the order of the
+    forks' first (lower-seat) requesters, 0 keeping the fork with that requester. Here forks
+    0 (seats 0 and 3) and 2 (seats 1 and 2) are contested in one round on a 4-seat table."""
+    left, right = PICK[protocol]
+    winners = set()
+    for seed in range(16):
+        table = make_table(4, protocol, TieBreak.RANDOM, seed)
+        table.resolve_simultaneous([left, right, left, right])
+        twin = np.random.default_rng(seed)
+        first_draw, second_draw = int(twin.integers(2)), int(twin.integers(2))
+        expected = ((0, 3)[first_draw], (1, 2)[second_draw])
+        assert (table.fork_holder[0], table.fork_holder[2]) == expected, seed
+        winners.add(expected)
+    assert len(winners) == 4  # every combination of winners occurred
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
 def test_sequential_conflict_goes_to_whoever_moves_first(protocol: Protocol) -> None:
     """In sequential mode there is no tie: the first mover takes the fork, the second finds it
     taken. Under ``random`` the seat order is drawn, so both seats move first on some seed."""
@@ -346,11 +364,16 @@ def test_two_seat_table_deadlocks_and_unlocks() -> None:
 
 @pytest.mark.parametrize("protocol", list(Protocol))
 def test_release_all_frees_everything(protocol: Protocol) -> None:
-    table = all_take(4, protocol, 0)
+    """Including an eater's forks (dpbench4): nobody is left eating or holding anything."""
+    left, right = PICK[protocol]
+    table = make_table(4, protocol)
+    setup(table, ((0, left), (0, right), (2, left)))
+    assert table.eating[0] is (protocol is DP4)
     table.release_all()
     assert table.fork_holder == [FREE] * 4
     assert holds(table) == [(False, False)] * 4
-    assert not table.is_deadlocked()
+    assert table.eating == [False] * 4
+    assert table.meals == [1 if protocol is DP4 else 0, 0, 0, 0]
 
 
 def env_config(protocol: Protocol, turn_order: TurnOrder, **overrides) -> EnvironmentConfig:

@@ -139,7 +139,12 @@ class LocalChatModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(self.device)
+        # Eager attention, because it gives a padded prompt exactly the log-probs it gets
+        # alone; SDPA switches kernels when a padding mask appears, which moves bf16
+        # log-probs by up to 0.2 and would make a decision depend on its batch.
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16, attn_implementation="eager"
+        ).to(self.device)
         if adapter is not None:
             from peft import PeftModel
 

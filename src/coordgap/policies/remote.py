@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import openai
+from langchain_core.exceptions import ModelError
 from langchain_core.messages import convert_to_messages
 from pydantic import SecretStr, ValidationError
 
@@ -284,27 +285,39 @@ def _read_api_key(env_var: str | None) -> str | None:
 def _classify(exc: Exception) -> _Failure | None:
     """Describe a failed attempt, or return None for an error that is no transport failure.
 
-    An HTTP error is recognised by the ``status_code`` of the SDK exceptions (openai, anthropic
-    and others share that shape); the label keeps only the class name and status, because
-    messages and headers may quote request details.
+    Retryability comes from LangChain's provider-neutral ``ModelError.is_retryable`` where the
+    integration raises one, else from the HTTP status of the SDK exception (openai, anthropic
+    and others carry ``status_code``), else from a connection failure in the cause chain. The
+    label keeps only the class name and status: messages may quote request details, such as
+    the key a 401 rejected.
     """
     status = getattr(exc, "status_code", None)
-    if isinstance(status, int):
+    has_status = isinstance(status, int)
+    if isinstance(exc, ModelError):
+        retryable = exc.is_retryable
+    elif has_status:
         retryable = status in _RETRYABLE_STATUS or status >= 500
-        response = getattr(exc, "response", None)
-        headers = getattr(response, "headers", None)
-        return _Failure(
-            label=f"{type(exc).__name__} (HTTP {status})",
-            retryable=retryable,
-            retry_after_s=_retry_after_s(headers) if retryable and headers is not None else None,
-        )
+    elif _is_connection_failure(exc):
+        retryable = True
+    else:
+        return None
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    return _Failure(
+        label=f"{type(exc).__name__} (HTTP {status})" if has_status else type(exc).__name__,
+        retryable=retryable,
+        retry_after_s=_retry_after_s(headers) if retryable and headers is not None else None,
+    )
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    """Whether a connection failure (refused, reset, timed out) caused ``exc``."""
     cause: BaseException | None = exc
     while cause is not None:
+        # Python 3.11's asyncio.TimeoutError, raised by wait_for, is the built-in TimeoutError.
         if isinstance(cause, _CONNECTION_FAILURES):
-            # Python 3.11's asyncio.TimeoutError is the built-in TimeoutError.
-            return _Failure(label=type(exc).__name__, retryable=True)
+            return True
         cause = cause.__cause__ or cause.__context__
-    return None
+    return False
 
 
 def _retry_after_s(headers: Mapping[str, str]) -> float | None:
