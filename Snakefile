@@ -22,6 +22,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/models.smk"
 include: "rules/episodes.smk"
 include: "rules/analysis.smk"
 
@@ -38,3 +39,8 @@ rule all:
 rule episodes:
     input:
         episode_targets(),
+
+
+rule models:
+    input:
+        model_targets(),

@@ -192,8 +192,10 @@ def main() -> None:
     ]
     print(markdown(rows))
     ratios = [r.ratio for r in rows if r.ratio is not None]
-    print(f"\nmin ratio {min(ratios):.1f}x (target ≥ {TARGET_RATIO:.0f}x); "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"\nmin ratio {min(ratios):.1f}x (target ≥ {TARGET_RATIO:.0f}x); "
+        f"{time.perf_counter() - start:.1f} s"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(

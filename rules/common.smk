@@ -17,6 +17,7 @@ check_cross_keys(config)
 # ---------------------------------------------------------------- constants
 
 MODELS = list(config["models"])
+LOCAL_MODELS = [name for name, entry in config["models"].items() if entry["kind"] == "local"]
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
 SRC = Path("src/coordgap")
@@ -33,6 +34,7 @@ wildcard_constraints:
 localrules:
     all,
     episodes,
+    models,
     plot_reward,
     write_report,
 
@@ -66,6 +68,36 @@ def src_files(*parts):
 def model_entry(wildcards):
     """The config entry of the model in the job's wildcards."""
     return config["models"][wildcards.model]
+
+
+def model_source(wildcards):
+    """The weights source of a local model."""
+    return config["models"][wildcards.model]["source"]
+
+
+def episodes_per_cell(wildcards):
+    """Episodes in a cell: a language model's own count if it sets one, else the experiment's."""
+    entry = config["models"][wildcards.model]
+    if entry["kind"] != "scripted" and entry["episodes_per_cell"] is not None:
+        return entry["episodes_per_cell"]
+    return config["experiment"]["episodes_per_cell"]
+
+
+def model_weights(wildcards):
+    """The prepared weights folder as a named input, for local models only."""
+    if config["models"][wildcards.model]["kind"] == "local":
+        return {"weights": f"resources/models/{wildcards.model}"}
+    return {}
+
+
+def model_gpus(wildcards):
+    """GPUs a generation job uses: one for an in-process model, none otherwise."""
+    return int(config["models"][wildcards.model]["kind"] == "local")
+
+
+def model_targets():
+    """Every local model's prepared weights."""
+    return expand("resources/models/{model}", model=LOCAL_MODELS)
 
 
 def episode_targets():

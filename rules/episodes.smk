@@ -3,6 +3,7 @@
 
 rule generate_episodes:
     input:
+        unpack(model_weights),
         prompts="config/prompts",
         code=src_files("env", "agents", "policies", "episodes.py", "data.py", "config.py"),
     output:
@@ -12,14 +13,15 @@ rule generate_episodes:
     params:
         model=model_entry,
         environment=lookup(dpath="environment", within=config),
-        episodes=lookup(dpath="experiment/episodes_per_cell", within=config),
+        episodes=episodes_per_cell,
         seed=lookup(dpath="seed", within=config),
     log:
         "logs/generate_episodes/{model}/n{size}.log",
     benchmark:
         "logs/generate_episodes/{model}/n{size}.benchmark.tsv"
     resources:
-        **RESOURCES["light"],
+        **RESOURCES["medium"],
+        gpu=model_gpus,
     conda:
         CONDA_ENV
     script:

@@ -95,9 +95,7 @@ def test_think_only_scores_point_nine(protocol: Protocol) -> None:
 
 
 def random_decisions(protocol: Protocol, seed: int, count: int) -> list:
-    policy = make_scripted_policy(
-        ScriptedPolicy.RANDOM, 5, protocol, np.random.default_rng(seed)
-    )
+    policy = make_scripted_policy(ScriptedPolicy.RANDOM, 5, protocol, np.random.default_rng(seed))
     table = Table(5, protocol, TieBreak.LOWEST_ID, np.random.default_rng(0))
     observations = [observe(table, i % 5, 1, 5) for i in range(count)]
     return [decision.tool for decision in policy.decide(observations)]

@@ -21,17 +21,11 @@ PAPER = RewardWeights()
 
 
 def episode_frame(
-    *, r_nd: float, r_thru: float, r_fair: float, r_idle: float,
-    meals_total: int, actions: int, think: int, no_call: int,
+    parts: RewardComponents, *, meals_total: int, actions: int, think: int, no_call: int
 ) -> pl.DataFrame:
     """A one-row episode table with the columns ``reward_expr`` needs."""
-    return pl.DataFrame(
-        {
-            "r_nd": [r_nd], "r_thru": [r_thru], "r_fair": [r_fair], "r_idle": [r_idle],
-            "meals_total": [meals_total], "actions": [actions], "think": [think],
-            "no_call": [no_call],
-        }
-    )
+    counts = {"meals_total": meals_total, "actions": actions, "think": think, "no_call": no_call}
+    return pl.DataFrame({name: [value] for name, value in {**asdict(parts), **counts}.items()})
 
 
 def reward(frame: pl.DataFrame, variant: RewardVariant, weights: RewardWeights = PAPER) -> float:
@@ -58,10 +52,8 @@ def test_odd_table_capacity_uses_floor_of_half() -> None:
 
 @pytest.mark.parametrize("n", [2, 3, 5, 10])
 def test_fairness_is_one_when_one_philosopher_eats_everything(n: int) -> None:
-    meals = [7] + [0] * (n - 1)
-    assert components(n=n, rounds=5, meals=meals, deadlock=False, actions=1, think=0).r_fair == (
-        pytest.approx(1.0)
-    )
+    got = components(n=n, rounds=5, meals=[7] + [0] * (n - 1), deadlock=False, actions=1, think=0)
+    assert got.r_fair == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("meals", [[0, 0, 0], [2, 2, 2], [1, 1, 1, 1, 1]])
@@ -83,11 +75,8 @@ def test_idle_share_is_zero_without_actions() -> None:
 def test_degenerate_maximum_paper_is_exactly_one_shaped_is_not() -> None:
     """No action (every decision a no_call) and no deadlock: the paper reward's maximum 1.0,
     which the shaped variant withdraws (no meal, and no_call counts as idle)."""
-    counts = components(n=5, rounds=5, meals=[0] * 5, deadlock=False, actions=0, think=0)
-    frame = episode_frame(
-        r_nd=counts.r_nd, r_thru=counts.r_thru, r_fair=counts.r_fair, r_idle=counts.r_idle,
-        meals_total=0, actions=0, think=0, no_call=25,
-    )
+    parts = components(n=5, rounds=5, meals=[0] * 5, deadlock=False, actions=0, think=0)
+    frame = episode_frame(parts, meals_total=0, actions=0, think=0, no_call=25)
     assert reward(frame, RewardVariant.PAPER) == 1.0
     assert reward(frame, RewardVariant.SHAPED) < 1.0
     assert reward(frame, RewardVariant.SHAPED) == pytest.approx(-0.1)  # 0 bonus, all idle
@@ -95,8 +84,7 @@ def test_degenerate_maximum_paper_is_exactly_one_shaped_is_not() -> None:
 
 def test_shaped_keeps_the_bonus_with_a_meal_and_counts_no_call_as_idle() -> None:
     frame = episode_frame(
-        r_nd=1.0, r_thru=0.2, r_fair=0.5, r_idle=0.2,
-        meals_total=2, actions=10, think=2, no_call=10,
+        RewardComponents(1.0, 0.2, 0.5, 0.2), meals_total=2, actions=10, think=2, no_call=10
     )
     assert reward(frame, RewardVariant.PAPER) == pytest.approx(1.0 + 0.1 - 0.15 - 0.02)
     # r_idle' = (2 + 10) / (10 + 10) = 0.6
@@ -105,8 +93,7 @@ def test_shaped_keeps_the_bonus_with_a_meal_and_counts_no_call_as_idle() -> None
 
 def test_shaped_idle_is_zero_without_any_decision() -> None:
     frame = episode_frame(
-        r_nd=1.0, r_thru=0.0, r_fair=0.0, r_idle=0.0,
-        meals_total=1, actions=0, think=0, no_call=0,
+        RewardComponents(1.0, 0.0, 0.0, 0.0), meals_total=1, actions=0, think=0, no_call=0
     )
     assert reward(frame, RewardVariant.SHAPED) == 1.0
 
@@ -116,8 +103,7 @@ def test_weights_scale_each_component(variant: RewardVariant) -> None:
     """Each weight multiplies its own term: bumping one weight by 1 moves the reward by exactly
     that term (with its sign), and all-zero weights give 0."""
     frame = episode_frame(
-        r_nd=1.0, r_thru=0.6, r_fair=0.25, r_idle=0.5,
-        meals_total=3, actions=8, think=4, no_call=0,
+        RewardComponents(1.0, 0.6, 0.25, 0.5), meals_total=3, actions=8, think=4, no_call=0
     )
     base = reward(frame, variant)
     terms = {"nd": 1.0, "thru": 0.6, "fair": -0.25, "idle": -0.5}
@@ -129,8 +115,7 @@ def test_weights_scale_each_component(variant: RewardVariant) -> None:
 
 def test_paper_reward_of_a_thinker_depends_on_the_idle_weight() -> None:
     frame = episode_frame(
-        r_nd=1.0, r_thru=0.0, r_fair=0.0, r_idle=1.0,
-        meals_total=0, actions=25, think=25, no_call=0,
+        RewardComponents(1.0, 0.0, 0.0, 1.0), meals_total=0, actions=25, think=25, no_call=0
     )
     assert reward(frame, RewardVariant.PAPER) == pytest.approx(0.9)
     assert reward(frame, RewardVariant.PAPER, RewardWeights(idle=0.0)) == 1.0

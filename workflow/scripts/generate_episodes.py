@@ -23,4 +23,6 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
             transcripts=Path(snakemake.output.transcripts),
         ),
         templates=PromptTemplates.load(snakemake.input.prompts),
+        # Only local models have prepared weights.
+        weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,
     )

@@ -186,6 +186,7 @@ def generate_cell(
     base_seed: int,
     outputs: CellOutputs,
     templates: PromptTemplates,
+    weights: Path | None = None,
     progress: bool = True,
 ) -> None:
     """Play one model x N cell (resuming a killed run) and write its three tables.
@@ -198,8 +199,9 @@ def generate_cell(
         base_seed: The config's seed; episode seeds derive from (seed, model, n, index).
         outputs: Where the tables go.
         templates: Prompt templates for language models.
+        weights: The prepared weights folder of a ``local`` model.
         progress: Show a progress bar on stderr.
     """
     cell = Cell(model.name, n, env, episodes, base_seed, model.settings())
-    with open_policy_factory(model, env, templates) as (make_policy, max_in_flight):
+    with open_policy_factory(model, env, templates, weights) as (make_policy, max_in_flight):
         asyncio.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))

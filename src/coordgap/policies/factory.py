@@ -6,31 +6,82 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from coordgap.config import ModelKind
-from coordgap.policies.adapters import ScriptedAgentPolicy
+from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
     import numpy as np
 
     from coordgap.config import EnvironmentConfig, ModelSpec
     from coordgap.env.observation import PromptTemplates
+    from coordgap.policies.adapters import ChatBackend
     from coordgap.policies.base import AsyncPolicy
 
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
 
 
+def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
+    """Create the chat backend of a language model: loads weights or checks the API key.
+
+    Args:
+        model: An ``openai`` or ``local`` model entry.
+        weights: The prepared weights folder of a ``local`` model.
+
+    Returns:
+        The backend, shared by every episode of the job.
+
+    Raises:
+        MissingAPIKeyError: The entry's ``api_key_env`` is not set (names the variable).
+    """
+    entry = model.entry
+    if model.kind is ModelKind.LOCAL:
+        # Imported here: torch and transformers take seconds to import, and scripted and API
+        # models never need them.
+        from coordgap.policies.local import LocalChatModel
+
+        if weights is None:
+            raise ValueError(f"model '{model.name}': a local model needs its prepared weights")
+        return LocalChatModel(
+            weights,
+            adapter=entry["adapter"],
+            decoding=entry["decoding"],
+            temperature=entry["temperature"],
+            max_new_tokens=entry["max_new_tokens"],
+            max_batch=entry["max_batch"],
+        )
+    from coordgap.policies.remote import OpenAICompatible
+
+    return OpenAICompatible(
+        model=entry["model"],
+        base_url=entry["base_url"],
+        provider=entry["provider"],
+        api_key_env=entry["api_key_env"],
+        temperature=entry["temperature"],
+        top_p=entry["top_p"],
+        max_tokens=entry["max_tokens"],
+        extra_body=entry["extra_body"],
+        tool_choice=entry["tool_choice"],
+        timeout_s=entry["timeout_s"],
+        max_retries=entry["max_retries"],
+        backoff_base_s=entry["backoff_base_s"],
+        backoff_max_s=entry["backoff_max_s"],
+    )
+
+
 @contextmanager
 def open_policy_factory(
-    model: ModelSpec, env: EnvironmentConfig, templates: PromptTemplates
+    model: ModelSpec, env: EnvironmentConfig, templates: PromptTemplates, weights: Path | None
 ) -> Iterator[tuple[PolicyFactory, int]]:
-    """Load the model's backend once and yield a per-episode policy factory.
+    """Open the model's backend once and yield a per-episode policy factory.
 
     Args:
         model: The model entry.
         env: The table rules (the protocol decides the tools).
         templates: Prompt templates for language models.
+        weights: The prepared weights folder of a ``local`` model, else None.
 
     Yields:
         A factory ``(n, episode seed, policy rng) -> policy`` and the episodes to play at once.
@@ -43,4 +94,9 @@ def open_policy_factory(
         # Scripted decisions never wait, so concurrency would only add scheduling overhead.
         yield scripted, 1
         return
-    raise NotImplementedError(model.kind)
+    backend = open_backend(model, weights)
+
+    def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
+        return LLMAgentPolicy(backend, templates, seed)
+
+    yield prompted, model.entry["max_in_flight"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
@@ -241,13 +242,17 @@ class LocalChatModel:
         return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
 
     def _prefill(
-        self, prompts: list[list[int]]
+        self, prompts: list[list[int]], keep: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Cache]:
         """Run the prompts as one left-padded batch.
 
+        Args:
+            prompts: Token ids, one list per request.
+            keep: How many of the last positions to return log-probs for.
+
         Returns:
-            The log-probs of each prompt's next token ``[B, V]``, the attention mask
-            ``[B, L]``, each prompt's length ``[B]`` and the KV cache.
+            The next-token log-probs at each prompt's last ``keep`` positions ``[B, keep, V]``,
+            the attention mask ``[B, L]``, each prompt's length ``[B]`` and the KV cache.
         """
         width = max(map(len, prompts))
         ids = torch.tensor([[self._pad_id] * (width - len(p)) + p for p in prompts])
@@ -263,7 +268,7 @@ class LocalChatModel:
         )
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         return (
-            self._log_probs(out.last_hidden_state[:, -1]),
+            self._log_probs(out.last_hidden_state[:, -keep:]),
             mask.to(self.device),
             lengths,
             out.cache,
@@ -272,17 +277,23 @@ class LocalChatModel:
     def _choose(self, batch: list[_Request]) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
-        The prompts run once; the candidates then run together against the prompt KV cache,
-        copied once per candidate (``batch_select_indices``). The first continuation token's
-        log-prob comes from the prompt pass, the others from the candidate pass.
+        The tokens all of a request's candidates begin with (``<tool_call>\\n{"name": "``) run
+        once, appended to its prompt. The rest of each candidate then runs against that KV
+        cache, copied once per candidate, all candidates of the batch together.
         """
         prompts = [self._prompt(request.messages) for request in batch]
-        first, mask, lengths, cache = self._prefill(prompts)
-        owners = [b for b, request in enumerate(batch) for _ in request.tools]
-        candidates = [self._continuation(tool) for request in batch for tool in request.tools]
-        width = max(map(len, candidates))
-        ids = torch.tensor([c + [self._pad_id] * (width - len(c)) for c in candidates])
-        own_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in candidates])
+        options = [[self._continuation(tool) for tool in request.tools] for request in batch]
+        # Each candidate keeps at least one token of its own, to be scored against the cache.
+        shared = [min(len(os.path.commonprefix(c)), min(map(len, c)) - 1) for c in options]
+        keep = max(shared) + 1
+        head, mask, lengths, cache = self._prefill(
+            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)], keep
+        )
+        owners = [b for b, candidates in enumerate(options) for _ in candidates]
+        rests = [c[n:] for candidates, n in zip(options, shared, strict=True) for c in candidates]
+        width = max(map(len, rests))
+        ids = torch.tensor([r + [self._pad_id] * (width - len(r)) for r in rests])
+        own_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rests])
         owner = torch.tensor(owners, device=self.device)
         cache.batch_select_indices(owner)
         hidden = self._decoder(
@@ -293,17 +304,23 @@ class LocalChatModel:
             use_cache=True,
         ).last_hidden_state
         decisions = []
-        row = 0
-        for b, request in enumerate(batch):
-            rows = slice(row, row + len(request.tools))
-            row = rows.stop
-            # Position j predicts continuation token j + 1; one request's rows at a time keeps
-            # the float32 vocabulary-sized tensor small.
-            later = self._log_probs(hidden[rows, :-1]).gather(-1, ids[rows, 1:, None].to(self.device))
-            token_lps = []
-            for k, continuation in enumerate(candidates[rows]):
-                lps = torch.cat([first[b, continuation[:1]], later[k, : len(continuation) - 1, 0]])
-                token_lps.append(lps.cpu())
+        rows = slice(0, 0)
+        for b, (request, candidates, n) in enumerate(zip(batch, options, shared, strict=True)):
+            rows = slice(rows.stop, rows.stop + len(candidates))
+            # head[b, keep - 1 - n + j] predicts token j of every candidate, for j <= n; the
+            # candidate pass predicts the rest (row position i predicts own token i + 1).
+            # One request's rows at a time keeps the float32 vocabulary-sized tensor small.
+            early = head[b, keep - 1 - n :]
+            later = self._log_probs(hidden[rows, :-1]).gather(-1, ids[rows, 1:, None].to(early.device))
+            token_lps = [
+                torch.cat(
+                    [
+                        early.gather(-1, torch.tensor(c[: n + 1], device=early.device)[:, None])[:, 0],
+                        later[k, : len(c) - n - 1, 0],
+                    ]
+                ).cpu()
+                for k, c in enumerate(candidates)
+            ]
             # Summed, not length-normalised: the sum is the log-probability the model gives
             # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
             # over the allowed calls. Normalising by length would favour long tool names,
@@ -312,7 +329,7 @@ class LocalChatModel:
             k = _sample(totals, self.temperature, _generator(request.seed))
             decisions.append(
                 self._decision(
-                    request, prompts[b], candidates[rows][k], token_lps[k].tolist(),
+                    request, prompts[b], candidates[k], token_lps[k].tolist(),
                     tool=request.tools[k],
                 )
             )
@@ -321,7 +338,8 @@ class LocalChatModel:
     def _generate(self, batch: list[_Request]) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
         prompts = [self._prompt(request.messages) for request in batch]
-        log_probs, mask, lengths, cache = self._prefill(prompts)
+        log_probs, mask, lengths, cache = self._prefill(prompts, keep=1)
+        log_probs = log_probs[:, -1]
         generators = [_generator(request.seed) for request in batch]
         tokens: list[list[int]] = [[] for _ in batch]
         token_lps: list[list[float]] = [[] for _ in batch]
