@@ -43,4 +43,4 @@ rule episodes:
 
 rule models:
     input:
-        model_targets(),
+        "resources/models/manifest.json",

@@ -35,6 +35,7 @@ localrules:
     all,
     episodes,
     models,
+    write_model_manifest,
     plot_reward,
     write_report,
 
@@ -108,6 +109,7 @@ def episode_targets():
 def final_targets():
     """What `all` builds: statistics, one figure per reward variant, the report."""
     return [
+        "resources/models/manifest.json",
         "results/stats/summary.csv",
         "results/stats/comparisons.csv",
         "results/metrics.json",

@@ -18,3 +18,19 @@ rule prepare_model:
         CONDA_ENV
     script:
         "../workflow/scripts/prepare_model.py"
+
+
+rule write_model_manifest:
+    input:
+        models=model_targets(),
+        code=src_files("models"),
+    output:
+        "resources/models/manifest.json",
+    log:
+        "logs/write_model_manifest/write_model_manifest.log",
+    benchmark:
+        "logs/write_model_manifest/write_model_manifest.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/write_model_manifest.py"

@@ -128,7 +128,9 @@ class OpenAICompatible:
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
     stats: BackendStats = field(default_factory=BackendStats, init=False)
+    _api_key: SecretStr | None = field(init=False, repr=False)
     _chat_model: BaseChatModel = field(init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     _bound: dict[tuple[Tool, ...], Runnable[Any, AIMessage]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -145,7 +147,8 @@ class OpenAICompatible:
             )
         if self.extra_body and self.provider != "openai":
             raise ValueError(f"extra_body needs provider 'openai', not {self.provider!r}")
-        self._chat_model = self._build_chat_model(_read_api_key(self.api_key_env))
+        self._api_key = _read_api_key(self.api_key_env)
+        self._chat_model = self._build_chat_model()
 
     async def decide(
         self, messages: list[dict[str, str]], tools: Sequence[Tool], seed: int
@@ -172,7 +175,9 @@ class OpenAICompatible:
         attempt = 0
         while True:
             try:
-                reply = await asyncio.wait_for(model.ainvoke(chat, **options), self.timeout_s)
+                # asyncio.timeout, unlike wait_for, needs no extra task per attempt.
+                async with asyncio.timeout(self.timeout_s):
+                    reply = await model.ainvoke(chat, **options)
             except ValidationError as exc:
                 # langchain-openai decodes each call's arguments, then builds the message outside
                 # its error handling: arguments that are JSON but no object ("[1]") fail the
@@ -217,7 +222,7 @@ class OpenAICompatible:
                 latency_s=time.perf_counter() - start,
             )
 
-    def _build_chat_model(self, api_key: str | None) -> BaseChatModel:
+    def _build_chat_model(self) -> BaseChatModel:
         """Build the LangChain chat model, with the client's own retries off."""
         common: dict[str, Any] = {
             "temperature": self.temperature,
@@ -233,8 +238,12 @@ class OpenAICompatible:
 
             return ChatOpenAI(
                 model=self.model,
-                api_key=SecretStr(api_key or KEYLESS_PLACEHOLDER),
+                api_key=self._api_key or SecretStr(KEYLESS_PLACEHOLDER),
                 extra_body=dict(self.extra_body) or None,
+                # Our own HTTP client: ChatOpenAI's default is shared by every instance with the
+                # same URL and timeout, across event loops, and its connections die with the
+                # loop that opened them. The openai defaults allow 1000 connections, 100 idle.
+                http_async_client=openai.DefaultAsyncHttpxClient(),
                 **common,
             )
         try:
@@ -245,12 +254,21 @@ class OpenAICompatible:
                 f"integration package for {self.provider!r} (pip install langchain "
                 f"langchain-{self.provider.replace('_', '-')})"
             ) from exc
-        if api_key is not None:
-            common["api_key"] = api_key
+        if self._api_key is not None:
+            common["api_key"] = self._api_key
         return init_chat_model(self.model, model_provider=self.provider, **common)
 
     def _bind(self, tools: tuple[Tool, ...]) -> Runnable[Any, AIMessage]:
-        """Return the model bound to ``tools``, binding once per tool set."""
+        """Return the model bound to ``tools``, binding once per tool set and event loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # Pooled connections belong to the event loop that opened them, so a later loop (a
+            # second asyncio.run) gets a fresh model and client; the first loop keeps the one
+            # built at construction, which has opened nothing yet.
+            if self._loop is not None:
+                self._chat_model = self._build_chat_model()
+                self._bound.clear()
+            self._loop = loop
         if tools not in self._bound:
             if self.tool_choice not in _TOOL_CHOICE_MODES and self.tool_choice not in tools:
                 raise ValueError(f"tool_choice {self.tool_choice!r} is not one of {tools}")
@@ -272,14 +290,14 @@ class OpenAICompatible:
         return rng.uniform(0.0, bound)
 
 
-def _read_api_key(env_var: str | None) -> str | None:
+def _read_api_key(env_var: str | None) -> SecretStr | None:
     """Return the API key held by ``env_var``; None when no variable is configured."""
     if env_var is None:
         return None
     key = os.environ.get(env_var, "")
     if not key:
         raise MissingAPIKeyError(env_var)
-    return key
+    return SecretStr(key)
 
 
 def _classify(exc: Exception) -> _Failure | None:
@@ -313,7 +331,7 @@ def _is_connection_failure(exc: BaseException) -> bool:
     """Whether a connection failure (refused, reset, timed out) caused ``exc``."""
     cause: BaseException | None = exc
     while cause is not None:
-        # Python 3.11's asyncio.TimeoutError, raised by wait_for, is the built-in TimeoutError.
+        # Python 3.11's asyncio.TimeoutError, raised by asyncio.timeout, is the built-in one.
         if isinstance(cause, _CONNECTION_FAILURES):
             return True
         cause = cause.__cause__ or cause.__context__
