@@ -1,0 +1,128 @@
+"""The LangGraph agents and the episode runner."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+
+import polars as pl
+import pytest
+
+from coordgap.agents.graphs import philosopher_graph, play_episode_graph, table_graph
+from coordgap.agents.runner import Cell, CellOutputs, run_cell
+from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
+from coordgap.env.table import TurnOrder
+from coordgap.episodes import episode_generators, play_episode
+from coordgap.policies.adapters import ScriptedAgentPolicy
+from coordgap.policies.scripted import make_scripted_policy
+
+pytestmark = pytest.mark.unit
+
+
+def _env(protocol: str, turn_order: str, history: int = 1) -> EnvironmentConfig:
+    return EnvironmentConfig.from_dict(
+        {
+            "protocol": protocol,
+            "turn_order": turn_order,
+            "tie_break": "random",
+            "rounds": 5,
+            "deadlock_terminal": turn_order == "simultaneous",
+            "history": history,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("protocol", "turn_order", "policy"),
+    list(itertools.product(["tools6", "dpbench4"], ["simultaneous", "sequential"], ScriptedPolicy)),
+)
+def test_graphs_play_the_reference_loop_episodes(protocol, turn_order, policy):
+    env = _env(protocol, turn_order)
+    for seed in range(6):
+        table_rng, policy_rng = episode_generators(seed)
+        reference = play_episode(
+            env, 6, make_scripted_policy(policy, 6, env.protocol, policy_rng), table_rng
+        )
+        table_rng, policy_rng = episode_generators(seed)
+        agent = ScriptedAgentPolicy(make_scripted_policy(policy, 6, env.protocol, policy_rng))
+        graphed = asyncio.run(play_episode_graph(env, 6, agent, table_rng))
+        assert graphed.row == reference.row
+        assert graphed.steps == reference.steps
+
+
+def test_graphs_have_the_documented_shape():
+    assert set(philosopher_graph().get_graph().nodes) == {"__start__", "decide", "act", "__end__"}
+    simultaneous = set(table_graph(TurnOrder.SIMULTANEOUS).get_graph().nodes)
+    assert {"observe", "decide", "resolve", "check"} <= simultaneous
+    assert "resolve" not in table_graph(TurnOrder.SEQUENTIAL).get_graph().nodes
+
+
+class _CountingPolicy:
+    """Counts concurrent decisions: proves the philosophers of a round decide together."""
+
+    def __init__(self, inner: ScriptedAgentPolicy, state: dict[str, int]) -> None:
+        self._inner = inner
+        self._state = state
+
+    async def adecide(self, observation):
+        self._state["now"] += 1
+        self._state["peak"] = max(self._state["peak"], self._state["now"])
+        await asyncio.sleep(0.001)
+        self._state["now"] -= 1
+        return await self._inner.adecide(observation)
+
+
+def _counting_factory(env: EnvironmentConfig, state: dict[str, int]):
+    def make(n, seed, rng):
+        policy = make_scripted_policy(ScriptedPolicy.RANDOM, n, env.protocol, rng)
+        return _CountingPolicy(ScriptedAgentPolicy(policy), state)
+
+    return make
+
+
+def _cell(env: EnvironmentConfig, episodes: int) -> Cell:
+    model = ModelSpec.from_dict("random", {"kind": "scripted", "policy": "random"})
+    return Cell("random", 4, env, episodes, 5, model.settings())
+
+
+def _outputs(folder) -> CellOutputs:
+    return CellOutputs(folder / "n4.parquet", folder / "n4.steps.parquet", folder / "n4.t.parquet")
+
+
+def test_runner_decides_concurrently_within_and_across_episodes(tmp_path):
+    env = _env("tools6", "simultaneous", history=0)
+    state = {"now": 0, "peak": 0}
+    factory = _counting_factory(env, state)
+    asyncio.run(run_cell(_cell(env, 6), _outputs(tmp_path), factory, 3, False))
+    # 3 episodes in flight x 4 philosophers deciding at once.
+    assert state["peak"] == 12
+    assert pl.read_parquet(tmp_path / "n4.parquet")["episode"].to_list() == list(range(6))
+
+
+def test_runner_output_does_not_depend_on_concurrency(tmp_path):
+    env = _env("tools6", "simultaneous", history=0)
+    for in_flight in (1, 4):
+        folder = tmp_path / f"in_flight_{in_flight}"
+        factory = _counting_factory(env, {"now": 0, "peak": 0})
+        asyncio.run(run_cell(_cell(env, 8), _outputs(folder), factory, in_flight, False))
+    for name in ("n4.parquet", "n4.steps.parquet"):
+        assert (tmp_path / "in_flight_1" / name).read_bytes() == (
+            tmp_path / "in_flight_4" / name
+        ).read_bytes()
+
+
+def test_runner_discards_a_journal_written_with_other_settings(tmp_path):
+    env = _env("tools6", "simultaneous", history=0)
+    outputs = _outputs(tmp_path)
+    outputs.journal.mkdir()
+    (outputs.journal / "fingerprint.json").write_text(json.dumps({"other": "settings"}))
+    # A stale part that must not survive: it claims episode 0 with impossible content.
+    stale = pl.DataFrame({"episode": [0]})
+    stale.write_parquet(outputs.journal / "e000000.episodes.parquet")
+    factory = _counting_factory(env, {"now": 0, "peak": 0})
+    asyncio.run(run_cell(_cell(env, 3), outputs, factory, 1, False))
+    episodes = pl.read_parquet(outputs.episodes)
+    assert episodes["episode"].to_list() == [0, 1, 2]
+    assert episodes["model"].to_list() == ["random"] * 3
+    assert not outputs.journal.exists()
