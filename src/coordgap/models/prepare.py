@@ -90,9 +90,7 @@ def parse_source(source: str) -> ModelSource:
             )
         file = match["file"]
         if file.startswith("/") or ".." in Path(file).parts:
-            raise ValueError(
-                f"bad model source {source!r}: the file must lie inside the package"
-            )
+            raise ValueError(f"bad model source {source!r}: the file must lie inside the package")
         return ModelSource(source, SourceKind.PYPI, match["package"], file=file)
     if source.startswith("hf:"):
         match = _HF.fullmatch(source)
@@ -133,9 +131,7 @@ def locate(source: ModelSource) -> Path | None:
     if path.is_file() and path.suffix != ".gguf":
         raise ValueError(f"model source {source.text!r}: {path} is a file but not a .gguf")
     if path.is_dir() and not (path / "config.json").is_file():
-        raise ValueError(
-            f"model source {source.text!r}: {path} is a folder without config.json"
-        )
+        raise ValueError(f"model source {source.text!r}: {path} is a folder without config.json")
     return path
 
 

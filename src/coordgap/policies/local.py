@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
@@ -57,12 +56,14 @@ def call_text(tool: Tool) -> str:
         tool: The tool.
 
     Returns:
-        ``<tool_call>\\n{"name": "<tool>", "arguments": {}}\\n</tool_call>``.
+        The ``<tool_call>`` block of a call of ``tool`` with ``{}`` arguments, on three lines.
     """
     return f"<tool_call>\n{json.dumps({'name': tool.value, 'arguments': {}})}\n</tool_call>"
 
 
-def with_tools(messages: Sequence[Mapping[str, str]], tools: Sequence[Tool]) -> list[dict[str, str]]:
+def with_tools(
+    messages: Sequence[Mapping[str, str]], tools: Sequence[Tool]
+) -> list[dict[str, str]]:
     """Add a description of the tools to a conversation's system message.
 
     Chat templates of small models (SmolLM2's among them) ignore ``tools=``, so the tools are
@@ -92,6 +93,7 @@ class _Request:
     """A pending ``decide`` call."""
 
     messages: list[dict[str, str]]
+    prompt: list[int]
     tools: tuple[Tool, ...]
     seed: int
     future: asyncio.Future[Decision]
@@ -157,9 +159,7 @@ class LocalChatModel:
         self._head = model.get_output_embeddings().weight.detach().float()
         self._end_id: int = self.tokenizer.eos_token_id
         self._pad_id: int = (
-            self.tokenizer.pad_token_id
-            if self.tokenizer.pad_token_id is not None
-            else self._end_id
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._end_id
         )
         self._continuations: dict[Tool, list[int]] = {}
         self._pending: list[_Request] = []
@@ -182,9 +182,10 @@ class LocalChatModel:
         if not tools:
             raise ValueError("decide needs at least one tool")
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        chat = with_tools(messages, tools)
         request = _Request(
-            with_tools(messages, tools), tuple(tools), seed, loop.create_future(),
-            time.perf_counter(),
+            chat, self._prompt(chat), tuple(tools), seed, loop.create_future(), started
         )
         self._pending.append(request)
         if self._runner is None or self._runner.done():
@@ -217,10 +218,23 @@ class LocalChatModel:
 
     @torch.inference_mode()
     def _run(self, batch: list[_Request]) -> list[Decision]:
-        """Decide a batch of requests (latency not yet filled in)."""
-        if self.decoding == "constrained":
-            return self._choose(batch)
-        return self._generate(batch)
+        """Decide a batch of requests (latency not yet filled in).
+
+        bf16 CPU kernels (AVX512-BF16, AMX) add attention terms up in adjacent pairs, so
+        shifting a sequence by one position regroups the sums and moves its log-probs by up to
+        0.3, while shifting it by two changes nothing. Only sequences of equal length parity
+        share a forward pass, so every left padding is even: a request gets the same
+        log-probs in any batch as alone, and as in an unpadded forward pass (the trainer's).
+        """
+        decide = self._choose if self.decoding == "constrained" else self._generate
+        groups: dict[int, list[int]] = {}
+        for i, request in enumerate(batch):
+            length = len(request.prompt) + self._shared_length(request.tools)
+            groups.setdefault(length % 2, []).append(i)
+        decisions: dict[int, Decision] = {}
+        for members in groups.values():
+            decisions.update(zip(members, decide([batch[i] for i in members]), strict=True))
+        return [decisions[i] for i in range(len(batch))]
 
     def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """The token ids of a conversation rendered for the assistant's turn."""
@@ -236,6 +250,21 @@ class LocalChatModel:
             ids = self.tokenizer(call_text(tool), add_special_tokens=False).input_ids
             self._continuations[tool] = [*ids, self._end_id]
         return self._continuations[tool]
+
+    def _shared_length(self, tools: tuple[Tool, ...]) -> int:
+        """How many leading tokens the calls of ``tools`` share, when they are scored.
+
+        Constrained decoding runs these tokens once, with the prompt; each candidate keeps at
+        least one token of its own. Free decoding shares nothing.
+        """
+        if self.decoding == "free":
+            return 0
+        candidates = [self._continuation(tool) for tool in tools]
+        shortest = min(map(len, candidates))
+        for i in range(shortest - 1):
+            if any(c[i] != candidates[0][i] for c in candidates):
+                return i
+        return shortest - 1
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token log-probs from final hidden states, the output layer in float32."""
@@ -277,50 +306,53 @@ class LocalChatModel:
     def _choose(self, batch: list[_Request]) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
-        The tokens all of a request's candidates begin with (``<tool_call>\\n{"name": "``) run
-        once, appended to its prompt. The rest of each candidate then runs against that KV
-        cache, copied once per candidate, all candidates of the batch together.
+        The tokens all of a request's candidates begin with (the call up to the tool's name)
+        run once, appended to its prompt. The rest of each candidate then runs against that
+        KV cache, copied once per candidate, all candidates of the batch together.
         """
-        prompts = [self._prompt(request.messages) for request in batch]
         options = [[self._continuation(tool) for tool in request.tools] for request in batch]
-        # Each candidate keeps at least one token of its own, to be scored against the cache.
-        shared = [min(len(os.path.commonprefix(c)), min(map(len, c)) - 1) for c in options]
+        shared = [self._shared_length(request.tools) for request in batch]
         keep = max(shared) + 1
         head, mask, lengths, cache = self._prefill(
-            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)], keep
+            [r.prompt + c[0][:n] for r, c, n in zip(batch, options, shared, strict=True)], keep
         )
-        owners = [b for b, candidates in enumerate(options) for _ in candidates]
+        owner = torch.tensor(
+            [b for b, candidates in enumerate(options) for _ in candidates], device=self.device
+        )
         rests = [c[n:] for candidates, n in zip(options, shared, strict=True) for c in candidates]
         width = max(map(len, rests))
-        ids = torch.tensor([r + [self._pad_id] * (width - len(r)) for r in rests])
-        own_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rests])
-        owner = torch.tensor(owners, device=self.device)
+        ids = torch.tensor(
+            [r + [self._pad_id] * (width - len(r)) for r in rests], device=self.device
+        )
+        own_mask = torch.tensor(
+            [[1] * len(r) + [0] * (width - len(r)) for r in rests], device=self.device
+        )
         cache.batch_select_indices(owner)
         hidden = self._decoder(
-            input_ids=ids.to(self.device),
-            attention_mask=torch.cat([mask[owner], own_mask.to(self.device)], dim=1),
+            input_ids=ids,
+            attention_mask=torch.cat([mask[owner], own_mask], dim=1),
             position_ids=lengths[owner, None] + torch.arange(width, device=self.device),
             cache=cache,
             use_cache=True,
         ).last_hidden_state
         decisions = []
-        rows = slice(0, 0)
+        row = 0
         for b, (request, candidates, n) in enumerate(zip(batch, options, shared, strict=True)):
-            rows = slice(rows.stop, rows.stop + len(candidates))
-            # head[b, keep - 1 - n + j] predicts token j of every candidate, for j <= n; the
-            # candidate pass predicts the rest (row position i predicts own token i + 1).
-            # One request's rows at a time keeps the float32 vocabulary-sized tensor small.
+            # head[b, keep - 1 - n + j] predicts token j of every candidate, for j <= n; in the
+            # candidate pass, position i of a row predicts the row's token i + 1. One request's
+            # rows at a time keeps the float32 vocabulary-sized tensor small.
             early = head[b, keep - 1 - n :]
-            later = self._log_probs(hidden[rows, :-1]).gather(-1, ids[rows, 1:, None].to(early.device))
+            later = self._log_probs(hidden[row : row + len(candidates), :-1])
             token_lps = [
                 torch.cat(
                     [
-                        early.gather(-1, torch.tensor(c[: n + 1], device=early.device)[:, None])[:, 0],
-                        later[k, : len(c) - n - 1, 0],
+                        _pick(early, torch.tensor(c[: n + 1], device=self.device)),
+                        _pick(later[k, : len(c) - n - 1], ids[row + k, 1 : len(c) - n]),
                     ]
                 ).cpu()
                 for k, c in enumerate(candidates)
             ]
+            row += len(candidates)
             # Summed, not length-normalised: the sum is the log-probability the model gives
             # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
             # over the allowed calls. Normalising by length would favour long tool names,
@@ -328,17 +360,13 @@ class LocalChatModel:
             totals = torch.stack([lps.sum() for lps in token_lps])
             k = _sample(totals, self.temperature, _generator(request.seed))
             decisions.append(
-                self._decision(
-                    request, prompts[b], candidates[k], token_lps[k].tolist(),
-                    tool=request.tools[k],
-                )
+                self._decision(request, candidates[k], token_lps[k].tolist(), tool=request.tools[k])
             )
         return decisions
 
     def _generate(self, batch: list[_Request]) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
-        prompts = [self._prompt(request.messages) for request in batch]
-        log_probs, mask, lengths, cache = self._prefill(prompts, keep=1)
+        log_probs, mask, lengths, cache = self._prefill([r.prompt for r in batch], keep=1)
         log_probs = log_probs[:, -1]
         generators = [_generator(request.seed) for request in batch]
         tokens: list[list[int]] = [[] for _ in batch]
@@ -367,15 +395,11 @@ class LocalChatModel:
                 token_lps[b].append(scores[b, token].item())
             if all(row[-1] == self._end_id for row in tokens):
                 break
-        return [
-            self._decision(request, prompts[b], tokens[b], token_lps[b])
-            for b, request in enumerate(batch)
-        ]
+        return [self._decision(request, tokens[b], token_lps[b]) for b, request in enumerate(batch)]
 
     def _decision(
         self,
         request: _Request,
-        prompt: list[int],
         tokens: list[int],
         log_probs: list[float],
         *,
@@ -391,7 +415,7 @@ class LocalChatModel:
             tool=tool,
             no_call_reason=reason,
             raw=raw,
-            tokens_in=len(prompt),
+            tokens_in=len(request.prompt),
             tokens_out=len(tokens),
             transcript=Transcript(
                 messages=tuple(request.messages),
@@ -400,6 +424,11 @@ class LocalChatModel:
                 logprobs=tuple(log_probs),
             ),
         )
+
+
+def _pick(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The log-prob of each token, ``log_probs[i, tokens[i]]``."""
+    return log_probs.gather(-1, tokens[:, None])[:, 0]
 
 
 def _generator(seed: int) -> torch.Generator:

@@ -97,7 +97,9 @@ class OpenAICompatible:
         api_key_env: The environment variable holding the API key; None for keyless servers.
         temperature: Sampling temperature.
         top_p: Nucleus-sampling mass.
-        max_tokens: Completion token limit; None for the server's default.
+        max_tokens: Completion token limit; None for the server's default. LangChain sends it
+            as ``max_completion_tokens``; servers that read only ``max_tokens`` (llama-cpp-python)
+            need ``extra_body={"max_tokens": ...}`` instead.
         extra_body: Extra request-body fields (openai only), e.g. Qwen3's
             ``{"chat_template_kwargs": {"enable_thinking": False}}``.
         tool_choice: ``"auto"``, ``"required"``, ``"none"`` or the name of the tool to call.

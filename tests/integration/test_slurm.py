@@ -1,0 +1,212 @@
+"""The workflow through profiles/slurm: resources in a dry run, and a run on a real cluster.
+
+The run goes through a real Slurm cluster with the real executor plugin (sbatch, squeue). CI
+starts a single-node cluster with .ci/slurm.sh; elsewhere, without `sinfo` or without an idle
+node, that test skips (COORDGAP_REQUIRE_SLURM=1 makes it fail instead, so CI cannot skip it
+silently). The dry run needs no cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, copy_workflow, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.slurm]
+
+PROFILE = ("--workflow-profile", "profiles/slurm")
+# What a single-node test cluster needs on top of the profile: no account to charge (plugin
+# 2.8.0 accepts the flag but still tries to guess one, fails harmlessly and submits without),
+# and polling every 2 s instead of intervals sized for a busy shared cluster (the plugin waits
+# 40 s before its first status check by default). `--jobs 4`: the profile's 50 is for a cluster.
+TEST_CLUSTER_FLAGS = (
+    "--slurm-no-account",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--seconds-between-status-checks",
+    "2",
+    "--jobs",
+    "4",
+)
+# Rules of the tiny run that go to sbatch, and the localrules (rules/common.smk) it runs.
+CLUSTER_RULES = {"generate_episodes", "compute_stats"}
+LOCAL_RULES = {"all", "write_model_manifest", "plot_reward", "write_report"}
+SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
+JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")
+
+
+def _no_cluster_reason() -> str | None:
+    """Why this machine cannot run a job through Slurm now, or None when it can."""
+    if not all(shutil.which(tool) for tool in ("sinfo", "sbatch", "scontrol")):
+        return "no Slurm client (sinfo, sbatch, scontrol) on PATH; CI starts one with .ci/slurm.sh"
+    try:
+        # scontrol ping answers at once when slurmctld is down; sinfo retries for ~10 s.
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+        if ping.returncode != 0:
+            answer = (ping.stdout.strip().splitlines() or [""])[0]
+            return f"slurmctld is not running (.ci/slurm.sh starts it): {answer}"
+        idle = subprocess.run(
+            ["sinfo", "--noheader", "--states=idle", "--format=%N"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired as error:
+        return f"{error.cmd[0]} did not answer within 30 s (is slurmctld running?)"
+    if idle.returncode != 0:
+        return f"sinfo failed: {idle.stderr.strip()}"
+    if not idle.stdout.strip():
+        return "no idle Slurm node (`sinfo --states=idle` lists none)"
+    return None
+
+
+@pytest.fixture
+def slurm_cluster() -> None:
+    """Skip (or, under COORDGAP_REQUIRE_SLURM=1, fail) without a cluster that takes jobs."""
+    reason = _no_cluster_reason()
+    if reason is None:
+        return
+    if os.environ.get("COORDGAP_REQUIRE_SLURM") == "1":
+        pytest.fail(f"COORDGAP_REQUIRE_SLURM=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _small_config(tiny_config: dict) -> dict:
+    """The tiny design cut to three Slurm jobs: two policies, one size, two short episodes."""
+    config = copy.deepcopy(tiny_config)
+    config["models"] = {name: config["models"][name] for name in ("resource_hierarchy", "silent")}
+    config["experiment"] = {"sizes": [3], "episodes_per_cell": 2}
+    config["environment"]["rounds"] = 2
+    config["analysis"]["bootstrap_resamples"] = 100  # the schema's minimum
+    config["analysis"]["comparisons"] = [["silent", "resource_hierarchy"]]
+    return config
+
+
+def _jobs(log: str) -> dict[str, tuple[str, bool]]:
+    """Snakemake job id -> (rule, ran as a localrule), from the job headers of a run's log."""
+    jobs: dict[str, tuple[str, bool]] = {}
+    header: tuple[str, bool] | None = None
+    for line in log.splitlines():
+        if match := JOB_HEADER.match(line.strip()):
+            header = (match.group(2), match.group(1) is not None)
+        elif header is not None and line.strip().startswith("jobid:"):
+            jobs[line.split(":", 1)[1].strip()] = header
+            header = None
+    return jobs
+
+
+def _scontrol_job(slurm_id: str) -> dict[str, str]:
+    """A job's record in slurmctld (MinJobAge keeps finished jobs there; no sacct needed)."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "--oneliner", slurm_id],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    # Comment and the paths hold no spaces here; Command= is the last field and may.
+    return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_tiny_workflow_runs_through_a_real_slurm_cluster(tmp_path, tiny_config):
+    project = copy_workflow(tmp_path / "project", _small_config(tiny_config))
+    result = run(project, "snakemake", *PROFILE, *TEST_CLUSTER_FLAGS, "all", check=False)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log
+    assert "Using workflow specific profile profiles/slurm" in log
+    assert (project / "results" / "report.md").stat().st_size > 0
+
+    jobs = _jobs(log)
+    submissions = SUBMITTED.findall(log)
+    submitted = {job: slurm_id for job, slurm_id, _ in submissions}
+    # Exactly the cluster rules went to sbatch: one job per episode cell, one for statistics.
+    submitted_rules = sorted(jobs[job][0] for job in submitted)
+    assert submitted_rules == ["compute_stats", "generate_episodes", "generate_episodes"], log
+    assert not any(jobs[job][1] for job in submitted), "a localrule was submitted"
+    # Job logs go where the profile's slurm-logdir says (the plugin deletes those of
+    # successful jobs, so only the paths are checked).
+    for job, _, job_log in submissions:
+        logdir = (project / "logs" / "slurm" / f"rule_{jobs[job][0]}").resolve()
+        assert Path(job_log).resolve().is_relative_to(logdir), log
+    # The localrules ran in this process, never through sbatch.
+    local = {rule for job, (rule, is_local) in jobs.items() if is_local and job not in submitted}
+    assert local == LOCAL_RULES, log
+
+    # Slurm itself ran them: slurmctld still lists each job as completed on the node, under
+    # the comment the executor gives it.
+    for job, slurm_id in submitted.items():
+        record = _scontrol_job(slurm_id)
+        assert record["JobState"] == "COMPLETED", record
+        assert record["ExitCode"] == "0:0", record
+        assert record["Comment"].startswith(f"rule_{jobs[job][0]}"), record
+        assert record["NodeList"] != "(null)", record
+    # The jobs' outputs and Snakemake logs came back to the project folder.
+    for model in ("resource_hierarchy", "silent"):
+        assert (project / "results" / "episodes" / model / "n3.parquet").is_file()
+        assert (project / "logs" / "generate_episodes" / model / "n3.benchmark.tsv").is_file()
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """``a=1, b=x y`` -> {"a": "1", "b": "x y"}, as Snakemake prints wildcards and resources."""
+    return dict(item.strip().split("=", 1) for item in text.split(", "))
+
+
+def _resources(dry_run_log: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """(rule, wildcards, resources) of every job a dry run prints."""
+    jobs = []
+    rule: str | None = None
+    wildcards: dict[str, str] = {}
+    for raw in dry_run_log.splitlines():
+        line = raw.strip()
+        if match := JOB_HEADER.match(line):
+            rule, wildcards = match.group(2), {}
+        elif rule is not None and line.startswith("wildcards:"):
+            wildcards = _pairs(line.removeprefix("wildcards:"))
+        elif rule is not None and line.startswith("resources:"):
+            jobs.append((rule, wildcards, _pairs(line.removeprefix("resources:"))))
+            rule = None
+    return jobs
+
+
+def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_config):
+    config = copy.deepcopy(tiny_config)
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    # A local model adds a GPU job and a prepare_model job; nothing is executed.
+    config["models"]["smollm2-135m"] = default["models"]["smollm2-135m"]
+    project = copy_workflow(tmp_path / "project", config)
+    result = run(project, "snakemake", *PROFILE, "--dry-run", "all")
+    log = result.stdout + result.stderr
+    assert "Using workflow specific profile profiles/slurm" in log
+
+    jobs = _resources(log)
+    by_rule: dict[str, list[tuple[dict[str, str], dict[str, str]]]] = {}
+    for rule, wildcards, resources in jobs:
+        by_rule.setdefault(rule, []).append((wildcards, resources))
+    sizes = len(config["experiment"]["sizes"])
+    assert len(by_rule["generate_episodes"]) == len(config["models"]) * sizes, log
+    assert len(by_rule["prepare_model"]) == 1, log
+
+    # The rules' presets (rules/common.smk) at the first attempt.
+    for wildcards, resources in by_rule["generate_episodes"]:
+        assert resources["mem_mb"] == "4000", resources
+        assert resources["runtime"] == "60", resources
+        # Only the in-process model asks Slurm for a GPU; scripted policies ask for none.
+        gpus = "1" if wildcards["model"] == "smollm2-135m" else "0"
+        assert resources["gpu"] == gpus, (wildcards, resources)
+    for rule, mem_mb, runtime in [("prepare_model", "4000", "60"), ("compute_stats", "1000", "15")]:
+        for _, resources in by_rule[rule]:
+            assert (resources["mem_mb"], resources["runtime"]) == (mem_mb, runtime), rule
+            assert resources.get("gpu", "0") == "0", (rule, resources)
+    # Rules without a preset get the profile's default-resources.
+    for rule in ("write_report", "plot_reward"):
+        for _, resources in by_rule[rule]:
+            assert (resources["mem_mb"], resources["runtime"]) == ("2000", "30"), rule
