@@ -43,6 +43,7 @@ from dpbench import Benchmark
 
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.policies.remote import KEYLESS_PLACEHOLDER, OpenAICompatible
+from tests.integration.processes import stop
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -76,12 +77,7 @@ def fault_server(latency_ms: float) -> Iterator[str]:
         assert server.stdout is not None
         yield f"http://127.0.0.1:{int(server.stdout.readline())}/v1"
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 async def run_coordgap(base_url: str, decisions: int, in_flight: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.policies.base import NoCallReason
 from coordgap.policies.remote import OpenAICompatible
+from tests.integration.processes import stop
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -88,12 +89,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_until_ready(base_url, server, log)
         yield base_url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 def observation(seat: int, left_free: bool, right_free: bool) -> list[dict[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -54,20 +55,13 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
         )
     from coordgap.policies.remote import OpenAICompatible
 
+    # The config entry uses the backend's own field names (the schema's openai_model).
     return OpenAICompatible(
-        model=entry["model"],
-        base_url=entry["base_url"],
-        provider=entry["provider"],
-        api_key_env=entry["api_key_env"],
-        temperature=entry["temperature"],
-        top_p=entry["top_p"],
-        max_tokens=entry["max_tokens"],
-        extra_body=entry["extra_body"],
-        tool_choice=entry["tool_choice"],
-        timeout_s=entry["timeout_s"],
-        max_retries=entry["max_retries"],
-        backoff_base_s=entry["backoff_base_s"],
-        backoff_max_s=entry["backoff_max_s"],
+        **{
+            field.name: entry[field.name]
+            for field in dataclasses.fields(OpenAICompatible)
+            if field.init
+        }
     )
 
 
