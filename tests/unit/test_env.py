@@ -450,14 +450,19 @@ def test_rendered_observation_names_fork_states() -> None:
     assert "eaten 1 meal" in text
 
 
-def test_rendered_system_prompt_lists_the_protocol_tools() -> None:
+def test_rendered_prompts_list_the_tools_and_place_the_philosopher() -> None:
     templates = PromptTemplates.load(PROMPTS)
     for protocol in Protocol:
-        text = templates.render_system(observe(make_table(4, protocol), 3, 1, 5))
-        assert "philosopher 3" in text
-        assert "fork 3" in text
-        assert "fork 0" in text
-        assert ", ".join(TOOLS[protocol]) in text
+        table = make_table(4, protocol)
+        system = templates.render_system(observe(table, 3, 1, 5))
+        assert ", ".join(TOOLS[protocol]) in system
+        # The system prompt is seat-independent (a local model caches it once) ...
+        assert system == templates.render_system(observe(table, 1, 2, 5))
+        # ... and the seat is in the observation: philosopher 3's forks are 3 and 0.
+        user = templates.render_observation(observe(table, 3, 1, 5))
+        assert "philosopher 3" in user
+        assert "fork 3" in user
+        assert "fork 0" in user
 
 
 class RecordingThinker:

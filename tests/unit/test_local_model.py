@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.models.prepare import (
@@ -114,9 +116,6 @@ def greedy(model_dir: Path) -> LocalChatModel:
 
 @pytest.fixture(scope="module")
 def adapter_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     tuned = get_peft_model(
         base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
@@ -336,6 +335,8 @@ def test_greedy_decisions_are_deterministic(greedy: LocalChatModel) -> None:
         assert a.transcript.logprobs == pytest.approx(b.transcript.logprobs, abs=1e-4)
 
 
+# peft's get_peft_model calls a transformers method that transformers deprecated.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_lora_adapter_changes_the_candidates_log_probs(
     greedy: LocalChatModel, model_dir: Path, adapter_dir: Path
 ) -> None:

@@ -76,10 +76,11 @@ def observe(
 class PromptTemplates:
     """The prompt templates of ``config/prompts/``: ``system.txt`` and ``observation.txt``.
 
-    Both are ``str.format`` templates. The system template sees ``philosopher``, ``n``,
-    ``rounds``, ``left_fork``, ``right_fork`` and ``tools`` (a comma-separated list); the
-    observation template sees every field of ``Observation`` plus ``left_status``,
-    ``right_status``, ``holding`` and ``history_text``.
+    Both are ``str.format`` templates. The system template sees ``n``, ``rounds`` and
+    ``tools`` (a comma-separated list): it is the same for every seat, so a local model can
+    compute it once and reuse it for every decision. The observation template sees every field
+    of ``Observation`` plus ``left_fork``, ``right_fork``, ``left_status``, ``right_status``,
+    ``holding`` and ``history_text``.
     """
 
     system: str
@@ -95,21 +96,16 @@ class PromptTemplates:
         )
 
     def render_system(self, obs: Observation) -> str:
-        """The system prompt of the observed philosopher."""
-        return self.system.format(
-            philosopher=obs.philosopher,
-            n=obs.n,
-            rounds=obs.rounds,
-            left_fork=obs.philosopher,
-            right_fork=(obs.philosopher + 1) % obs.n,
-            tools=", ".join(TOOLS[obs.protocol]),
-        )
+        """The system prompt, the same for every philosopher of a table."""
+        return self.system.format(n=obs.n, rounds=obs.rounds, tools=", ".join(TOOLS[obs.protocol]))
 
     def render_observation(self, obs: Observation) -> str:
         """The user message describing the observed state."""
         held = [side for side, h in (("left", obs.holds_left), ("right", obs.holds_right)) if h]
         return self.observation.format(
             **{field: getattr(obs, field) for field in Observation.__slots__},
+            left_fork=obs.philosopher,
+            right_fork=(obs.philosopher + 1) % obs.n,
             left_status=_fork_status(obs.holds_left, obs.left_free),
             right_status=_fork_status(obs.holds_right, obs.right_free),
             holding=" and ".join(held) + " fork" + ("s" if len(held) == 2 else "")

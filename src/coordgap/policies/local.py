@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
+    from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from transformers.cache_utils import Cache
 
@@ -93,7 +94,6 @@ class _Request:
     """A pending ``decide`` call."""
 
     messages: list[dict[str, str]]
-    prompt: list[int]
     tools: tuple[Tool, ...]
     seed: int
     future: asyncio.Future[Decision]
@@ -109,7 +109,7 @@ class LocalChatModel:
         decoding: ``constrained`` (score the tools' calls) or ``free`` (generate and parse).
         temperature: Sampling temperature; 0 is greedy (ties go to the first candidate).
         max_new_tokens: The generation limit of ``free`` decoding.
-        max_batch: The most requests one forward pass serves.
+        max_batch: The most requests in one batch.
         device: ``auto`` (CUDA when available, else CPU) or a torch device name.
 
     Attributes:
@@ -142,9 +142,10 @@ class LocalChatModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
-        # Eager attention, because it gives a padded prompt exactly the log-probs it gets
-        # alone; SDPA switches kernels when a padding mask appears, which moves bf16
-        # log-probs by up to 0.2 and would make a decision depend on its batch.
+        # Eager attention computes each query on its own, so a padded or cached sequence
+        # gets exactly the log-probs of a plain forward pass (given _run's even padding).
+        # SDPA's kernels change with the padding and moved log-probs by 0.2-0.4, which would
+        # make a decision depend on its batch; they are about 1.5x faster on this CPU.
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.bfloat16, attn_implementation="eager"
         ).to(self.device)
@@ -154,7 +155,7 @@ class LocalChatModel:
             # Not merged: the trainer computes log-probs through the unmerged adapter, and
             # merging into bf16 weights would round the update away from what it computes.
             model = PeftModel.from_pretrained(model, adapter)
-        self.model: PreTrainedModel = model.eval()
+        self.model: PreTrainedModel | PeftModel = model.eval()
         self._decoder = model.get_decoder()
         self._head = model.get_output_embeddings().weight.detach().float()
         self._end_id: int = self.tokenizer.eos_token_id
@@ -176,16 +177,19 @@ class LocalChatModel:
             seed: Seeds this decision's sampling; equal seeds give equal decisions.
 
         Returns:
-            The decision, with a transcript of the LLM call (the messages as sent, the sampled
-            tokens and their log-probs) for training.
+            The decision, with a transcript of the LLM call for training: the messages as
+            sent (tool descriptions included), the sampled tokens and their log-probs under the
+            model at temperature 1, which is what a trainer recomputes for its ratios.
         """
         if not tools:
             raise ValueError("decide needs at least one tool")
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        chat = with_tools(messages, tools)
         request = _Request(
-            chat, self._prompt(chat), tuple(tools), seed, loop.create_future(), started
+            with_tools(messages, tools),
+            tuple(tools),
+            seed,
+            loop.create_future(),
+            time.perf_counter(),
         )
         self._pending.append(request)
         if self._runner is None or self._runner.done():
@@ -199,8 +203,11 @@ class LocalChatModel:
                 if len(self._pending) >= self.max_batch:
                     break
                 await asyncio.sleep(0)
-            batch = self._pending[: self.max_batch]
+            # Callers that gave up (cancelled) while waiting need no decision.
+            batch = [r for r in self._pending[: self.max_batch] if not r.future.done()]
             del self._pending[: self.max_batch]
+            if not batch:
+                continue
             try:
                 # In a thread, so the event loop keeps collecting the next batch meanwhile.
                 decisions = await asyncio.to_thread(self._run, batch)
@@ -211,7 +218,7 @@ class LocalChatModel:
                 continue
             finished = time.perf_counter()
             for request, decision in zip(batch, decisions, strict=True):
-                # A caller may have given up (cancelled) while its batch ran.
+                # Its caller may have given up while the batch ran.
                 if not request.future.done():
                     latency = finished - request.started
                     request.future.set_result(replace(decision, latency_s=latency))
@@ -220,6 +227,9 @@ class LocalChatModel:
     def _run(self, batch: list[_Request]) -> list[Decision]:
         """Decide a batch of requests (latency not yet filled in).
 
+        The tokenizer is used here only, in the worker thread: a fast tokenizer is not safe to
+        share between threads.
+
         bf16 CPU kernels (AVX512-BF16, AMX) add attention terms up in adjacent pairs, so
         shifting a sequence by one position regroups the sums and moves its log-probs by up to
         0.3, while shifting it by two changes nothing. Only sequences of equal length parity
@@ -227,13 +237,15 @@ class LocalChatModel:
         log-probs in any batch as alone, and as in an unpadded forward pass (the trainer's).
         """
         decide = self._choose if self.decoding == "constrained" else self._generate
+        prompts = [self._prompt(request.messages) for request in batch]
         groups: dict[int, list[int]] = {}
         for i, request in enumerate(batch):
-            length = len(request.prompt) + self._shared_length(request.tools)
+            length = len(prompts[i]) + self._shared_length(request.tools)
             groups.setdefault(length % 2, []).append(i)
         decisions: dict[int, Decision] = {}
         for members in groups.values():
-            decisions.update(zip(members, decide([batch[i] for i in members]), strict=True))
+            group = decide([batch[i] for i in members], [prompts[i] for i in members])
+            decisions.update(zip(members, group, strict=True))
         return [decisions[i] for i in range(len(batch))]
 
     def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -303,7 +315,7 @@ class LocalChatModel:
             out.cache,
         )
 
-    def _choose(self, batch: list[_Request]) -> list[Decision]:
+    def _choose(self, batch: list[_Request], prompts: list[list[int]]) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
         The tokens all of a request's candidates begin with (the call up to the tool's name)
@@ -314,7 +326,7 @@ class LocalChatModel:
         shared = [self._shared_length(request.tools) for request in batch]
         keep = max(shared) + 1
         head, mask, lengths, cache = self._prefill(
-            [r.prompt + c[0][:n] for r, c, n in zip(batch, options, shared, strict=True)], keep
+            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)], keep
         )
         owner = torch.tensor(
             [b for b, candidates in enumerate(options) for _ in candidates], device=self.device
@@ -360,13 +372,19 @@ class LocalChatModel:
             totals = torch.stack([lps.sum() for lps in token_lps])
             k = _sample(totals, self.temperature, _generator(request.seed))
             decisions.append(
-                self._decision(request, candidates[k], token_lps[k].tolist(), tool=request.tools[k])
+                self._decision(
+                    request,
+                    len(prompts[b]),
+                    candidates[k],
+                    token_lps[k].tolist(),
+                    tool=request.tools[k],
+                )
             )
         return decisions
 
-    def _generate(self, batch: list[_Request]) -> list[Decision]:
+    def _generate(self, batch: list[_Request], prompts: list[list[int]]) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
-        log_probs, mask, lengths, cache = self._prefill([r.prompt for r in batch], keep=1)
+        log_probs, mask, lengths, cache = self._prefill(prompts, keep=1)
         log_probs = log_probs[:, -1]
         generators = [_generator(request.seed) for request in batch]
         tokens: list[list[int]] = [[] for _ in batch]
@@ -395,11 +413,15 @@ class LocalChatModel:
                 token_lps[b].append(scores[b, token].item())
             if all(row[-1] == self._end_id for row in tokens):
                 break
-        return [self._decision(request, tokens[b], token_lps[b]) for b, request in enumerate(batch)]
+        return [
+            self._decision(request, len(prompts[b]), tokens[b], token_lps[b])
+            for b, request in enumerate(batch)
+        ]
 
     def _decision(
         self,
         request: _Request,
+        prompt_tokens: int,
         tokens: list[int],
         log_probs: list[float],
         *,
@@ -415,7 +437,7 @@ class LocalChatModel:
             tool=tool,
             no_call_reason=reason,
             raw=raw,
-            tokens_in=len(request.prompt),
+            tokens_in=prompt_tokens,
             tokens_out=len(tokens),
             transcript=Transcript(
                 messages=tuple(request.messages),
