@@ -15,9 +15,12 @@ pytestmark = pytest.mark.workflow
 def test_default_config_dry_run_plans_every_cell(tmp_path):
     project = copy_workflow(tmp_path / "project")
     result = run(project, "snakemake", "-n", "--cores", "1", "all")
-    # 5 policies x 3 sizes, then statistics, one figure per variant and the report.
+    # 6 models (5 scripted, 1 local) x 3 sizes, the local model's weights and their manifest,
+    # then statistics, one figure per variant and the report.
     for rule, count in [
-        ("generate_episodes", 15),
+        ("generate_episodes", 18),
+        ("prepare_model", 1),
+        ("write_model_manifest", 1),
         ("compute_stats", 1),
         ("plot_reward", 2),
         ("write_report", 1),

@@ -11,6 +11,10 @@ continuations against the prompt's KV cache and samples one of them, so it alway
 tool; a 135M model cannot write tool calls on its own (reference/cpu-feasibility.md §2.3).
 ``free`` samples text and parses whatever calls it contains.
 
+Every request's system turn (the seat-independent system prompt and the tool descriptions)
+is the same for a whole table, so its KV cache is computed once and kept: a request runs only
+its own user turn and the candidates against a copy of it.
+
 Log-probabilities are computed with the output layer in float32: bf16 logits are rounded to
 about 0.1 at typical magnitudes, which would make the recorded log-probs, and with them the
 GRPO importance ratios, noisy.
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from coordgap.env.protocols import TOOL_DESCRIPTIONS
 from coordgap.policies.base import Decision, Transcript
@@ -38,7 +42,6 @@ if TYPE_CHECKING:
 
     from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from transformers.cache_utils import Cache
 
     from coordgap.env.protocols import Tool
 
@@ -48,6 +51,10 @@ Decoding = Literal["constrained", "free"]
 # start together (asyncio.gather, one round of philosophers) have all enqueued after one
 # turn; the extra turns catch callers that await something small first.
 _COLLECT_TURNS = 4
+
+# Shared prefixes whose KV caches are kept (about 8 MB each for SmolLM2-135M's 350-token system
+# turn). A job has one per table configuration (size, protocol, rounds); more evict the oldest.
+_KEPT_PREFIXES = 8
 
 
 def call_text(tool: Tool) -> str:
@@ -163,6 +170,8 @@ class LocalChatModel:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._end_id
         )
         self._continuations: dict[Tool, list[int]] = {}
+        # Keys and values of every layer for a shared prefix, computed with the adapter, batch 1.
+        self._prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pending: list[_Request] = []
         self._runner: asyncio.Task[None] | None = None
 
@@ -235,16 +244,18 @@ class LocalChatModel:
         0.3, while shifting it by two changes nothing. Only sequences of equal length parity
         share a forward pass, so every left padding is even: a request gets the same
         log-probs in any batch as alone, and as in an unpadded forward pass (the trainer's).
+        Requests share a forward pass only when they share a cached prefix as well.
         """
         decide = self._choose if self.decoding == "constrained" else self._generate
         prompts = [self._prompt(request.messages) for request in batch]
-        groups: dict[int, list[int]] = {}
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
         for i, request in enumerate(batch):
+            prefix = self._prefix(request.messages, prompts[i])
             length = len(prompts[i]) + self._shared_length(request.tools)
-            groups.setdefault(length % 2, []).append(i)
+            groups.setdefault((prefix, length % 2), []).append(i)
         decisions: dict[int, Decision] = {}
-        for members in groups.values():
-            group = decide([batch[i] for i in members], [prompts[i] for i in members])
+        for (prefix, _), members in groups.items():
+            group = decide([batch[i] for i in members], [prompts[i] for i in members], prefix)
             decisions.update(zip(members, group, strict=True))
         return [decisions[i] for i in range(len(batch))]
 
@@ -255,6 +266,61 @@ class LocalChatModel:
         )
         # The template writes every special token itself; the tokenizer must not add a BOS.
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _prefix(self, messages: list[dict[str, str]], prompt: list[int]) -> tuple[int, ...]:
+        """The leading tokens of ``prompt`` that every request with its system message shares.
+
+        That is the rendering of the system turn alone, as far as it is a prefix of
+        ``prompt`` (it is, up to where the user turn starts), leaving at least one token of
+        the prompt to run.
+        """
+        text = self.tokenizer.apply_chat_template(messages[:1], tokenize=False)
+        system = self.tokenizer(text, add_special_tokens=False).input_ids
+        common = 0
+        for a, b in zip(system, prompt[:-1], strict=False):
+            if a != b:
+                break
+            common += 1
+        return tuple(prompt[:common])
+
+    def _prefix_cache(self, prefix: tuple[int, ...], pads: list[int]) -> DynamicCache | None:
+        """The first ``len(prefix)`` columns of left-padded rows, as a KV cache.
+
+        Row ``i`` is ``pads[i]`` padding columns, then ``prefix``, cut to the columns' width:
+        the layout of a left-padded batch (see ``_prefill``). Padding keys and values are
+        zeros; the attention mask hides them. The prefix runs the first time it is asked for,
+        alone and unpadded, as in the trainer's forward pass; later calls copy its keys and
+        values.
+
+        Args:
+            prefix: The rows' shared prefix.
+            pads: Each row's left padding.
+
+        Returns:
+            The cache, or None for an empty prefix.
+        """
+        if not prefix:
+            return None
+        if prefix not in self._prefixes:
+            if len(self._prefixes) >= _KEPT_PREFIXES:
+                del self._prefixes[next(iter(self._prefixes))]
+            out = self._decoder(
+                input_ids=torch.tensor([prefix], device=self.device), use_cache=True
+            )
+            self._prefixes[prefix] = [(keys, values) for keys, values, *_ in out.cache]
+        width = len(prefix)
+        layers = []
+        for keys, values in self._prefixes[prefix]:
+            rows = (
+                keys.new_zeros(len(pads), *keys.shape[1:]),
+                values.new_zeros(len(pads), *values.shape[1:]),
+            )
+            for row, pad in enumerate(pads):
+                if pad < width:
+                    rows[0][row, :, pad:] = keys[0, :, : width - pad]
+                    rows[1][row, :, pad:] = values[0, :, : width - pad]
+            layers.append(rows)
+        return DynamicCache(layers)
 
     def _continuation(self, tool: Tool) -> list[int]:
         """The token ids of the assistant's turn that calls ``tool``, end-of-turn included."""
@@ -283,12 +349,20 @@ class LocalChatModel:
         return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
 
     def _prefill(
-        self, prompts: list[list[int]], keep: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Cache]:
-        """Run the prompts as one left-padded batch.
+        self, prompts: list[list[int]], prefix: tuple[int, ...], keep: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """Run the prompts as one left-padded batch, its first columns from the prefix cache.
+
+        The batch is laid out as if the whole prompts ran left-padded (the layout whose
+        log-probs ``_run`` shows equal an unpadded pass): its first ``len(prefix)`` columns,
+        padding and the start of each prompt's prefix, come from the prefix cache, and only
+        the columns after them run. A shorter prompt thus runs a few more of its prefix's
+        tokens instead of padding. Padding placed between the prefix and a prompt's own
+        tokens instead would regroup the attention sums and move log-probs by about 0.1.
 
         Args:
-            prompts: Token ids, one list per request.
+            prompts: Token ids, one list per request, each beginning with ``prefix``.
+            prefix: Their shared prefix, shorter than the longest prompt (may be empty).
             keep: How many of the last positions to return log-probs for.
 
         Returns:
@@ -296,15 +370,20 @@ class LocalChatModel:
             the attention mask ``[B, L]``, each prompt's length ``[B]`` and the KV cache.
         """
         width = max(map(len, prompts))
-        ids = torch.tensor([[self._pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        pads = [width - len(p) for p in prompts]
+        ids = torch.tensor([[self._pad_id] * pad + p for pad, p in zip(pads, prompts, strict=True)])
+        mask = torch.tensor(
+            [[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)]
+        )
         # Positions count real tokens only, so a padded prompt sees the positions it would
         # see alone; padding positions are masked out and their value does not matter.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        start = len(prefix)
         out = self._decoder(
-            input_ids=ids.to(self.device),
+            input_ids=ids[:, start:].to(self.device),
             attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
+            position_ids=positions[:, start:].to(self.device),
+            cache=self._prefix_cache(prefix, pads),
             use_cache=True,
         )
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
@@ -315,18 +394,23 @@ class LocalChatModel:
             out.cache,
         )
 
-    def _choose(self, batch: list[_Request], prompts: list[list[int]]) -> list[Decision]:
+    def _choose(
+        self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
+    ) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
-        The tokens all of a request's candidates begin with (the call up to the tool's name)
-        run once, appended to its prompt. The rest of each candidate then runs against that
+        The prompts run after their shared ``prefix``'s cached keys and values. The tokens all
+        of a request's candidates begin with (the call up to the tool's name) run once,
+        appended to its prompt. The rest of each candidate then runs against that
         KV cache, copied once per candidate, all candidates of the batch together.
         """
         options = [[self._continuation(tool) for tool in request.tools] for request in batch]
         shared = [self._shared_length(request.tools) for request in batch]
         keep = max(shared) + 1
         head, mask, lengths, cache = self._prefill(
-            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)], keep
+            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)],
+            prefix,
+            keep,
         )
         owner = torch.tensor(
             [b for b, candidates in enumerate(options) for _ in candidates], device=self.device
@@ -382,9 +466,11 @@ class LocalChatModel:
             )
         return decisions
 
-    def _generate(self, batch: list[_Request], prompts: list[list[int]]) -> list[Decision]:
+    def _generate(
+        self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
+    ) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
-        log_probs, mask, lengths, cache = self._prefill(prompts, keep=1)
+        log_probs, mask, lengths, cache = self._prefill(prompts, prefix, keep=1)
         log_probs = log_probs[:, -1]
         generators = [_generator(request.seed) for request in batch]
         tokens: list[list[int]] = [[] for _ in batch]
