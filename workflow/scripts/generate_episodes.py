@@ -23,6 +23,7 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
             transcripts=Path(snakemake.output.transcripts),
         ),
         templates=PromptTemplates.load(snakemake.input.prompts),
-        # Only local models have prepared weights.
-        weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,
+        # Only local models have prepared weights. `in` on a Namedlist tests its values, so
+        # the names are asked for explicitly.
+        weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,  # noqa: SIM118
     )
