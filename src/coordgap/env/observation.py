@@ -95,6 +95,13 @@ class PromptTemplates:
             observation=(folder / "observation.txt").read_text(encoding="utf-8"),
         )
 
+    def messages(self, obs: Observation) -> list[dict[str, str]]:
+        """The chat a language model is sent: the system prompt, then the observation."""
+        return [
+            {"role": "system", "content": self.render_system(obs)},
+            {"role": "user", "content": self.render_observation(obs)},
+        ]
+
     def render_system(self, obs: Observation) -> str:
         """The system prompt, the same for every philosopher of a table."""
         return self.system.format(n=obs.n, rounds=obs.rounds, tools=", ".join(TOOLS[obs.protocol]))

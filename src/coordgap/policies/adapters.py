@@ -56,9 +56,7 @@ class LLMAgentPolicy:
 
     async def adecide(self, observation: Observation) -> Decision:
         """Render the prompt, call the model and return its parsed decision."""
-        messages = [
-            {"role": "system", "content": self._templates.render_system(observation)},
-            {"role": "user", "content": self._templates.render_observation(observation)},
-        ]
         seed = derive_seed(self._episode_seed, observation.philosopher, observation.round)
-        return await self._backend.decide(messages, TOOLS[observation.protocol], seed)
+        return await self._backend.decide(
+            self._templates.messages(observation), TOOLS[observation.protocol], seed
+        )
