@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -174,6 +176,12 @@ def test_prepare_writes_safetensors_tokenizer_and_provenance(model_dir: Path) ->
     assert provenance["torch"]
     # A leftover GGUF quantization config would turn every reload into a GGUF load.
     assert "quantization_config" not in json.loads((model_dir / "config.json").read_text())
+    # Shared data: readable by others as the umask allows, not private to the preparer.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(model_dir.stat().st_mode) == 0o777 & ~umask
+    for path in model_dir.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
     # Written through a temporary sibling that is gone once renamed.
     assert [path.name for path in model_dir.parent.iterdir()] == [model_dir.name]
 

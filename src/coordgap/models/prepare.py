@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -262,7 +263,17 @@ def _load(source: ModelSource, path: Path | None, dtype: torch.dtype) -> tuple[A
 
 
 def _replace(staging: Path, dest: Path) -> None:
-    """Move a finished staging folder to ``dest``, replacing an older preparation."""
+    """Move a finished staging folder to ``dest``, replacing an older preparation.
+
+    The staging folder (from ``mkdtemp``) and some files in it are private to their owner;
+    prepared weights are shared data (a group's cluster cache), so they get the permissions
+    the umask gives any new file.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
+    for path in staging.iterdir():
+        path.chmod(0o666 & ~umask)
     if not dest.exists():
         staging.rename(dest)
         return
