@@ -15,10 +15,12 @@ rule generate_episodes:
         environment=lookup(dpath="environment", within=config),
         episodes=episodes_per_cell,
         seed=lookup(dpath="seed", within=config),
+        first_scenario=lookup(dpath="scenarios/test", within=config),
     log:
         "logs/generate_episodes/{model}/n{size}.log",
     benchmark:
         "logs/generate_episodes/{model}/n{size}.benchmark.tsv"
+    threads: model_threads
     resources:
         **RESOURCES["medium"],
         gpu=model_gpus,

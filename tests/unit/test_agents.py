@@ -83,7 +83,7 @@ def _counting_factory(env: EnvironmentConfig, state: dict[str, int]):
 
 def _cell(env: EnvironmentConfig, episodes: int) -> Cell:
     model = ModelSpec.from_dict("random", {"kind": "scripted", "policy": "random"})
-    return Cell("random", 4, env, episodes, 5, model.settings())
+    return Cell("random", 4, env, episodes, 5, 0, model.settings())
 
 
 def _outputs(folder) -> CellOutputs:

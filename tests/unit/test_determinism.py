@@ -41,6 +41,7 @@ def cell_bytes(folder: Path, policy: ScriptedPolicy, base_seed: int) -> tuple[by
         env=ENV,
         episodes=10,
         base_seed=base_seed,
+        first_scenario=0,
         outputs=outputs,
         templates=PromptTemplates.load(PROMPTS),
         progress=False,

@@ -17,6 +17,7 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
         env=EnvironmentConfig.from_dict(snakemake.params.environment),
         episodes=snakemake.params.episodes,
         base_seed=snakemake.params.seed,
+        first_scenario=snakemake.params.first_scenario,
         outputs=CellOutputs(
             episodes=Path(snakemake.output.episodes),
             steps=Path(snakemake.output.steps),

@@ -25,14 +25,8 @@ import polars as pl
 from tqdm import tqdm
 
 from coordgap.agents.graphs import play_episode_graph
-from coordgap.data import (
-    EPISODE_SCHEMA,
-    STEP_SCHEMA,
-    TRANSCRIPT_SCHEMA,
-    derive_seed,
-    write_parquet_atomic,
-)
-from coordgap.episodes import episode_generators
+from coordgap.data import TABLE_SCHEMAS, write_parquet_atomic
+from coordgap.episodes import EpisodeSeeds
 from coordgap.policies.factory import open_policy_factory
 
 if TYPE_CHECKING:
@@ -47,8 +41,6 @@ if TYPE_CHECKING:
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
 
 logger = logging.getLogger(__name__)
-
-_TABLES = {"episodes": EPISODE_SCHEMA, "steps": STEP_SCHEMA, "transcripts": TRANSCRIPT_SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,9 @@ class Cell:
     env: EnvironmentConfig
     episodes: int
     base_seed: int
+    first_scenario: int
     model_settings: dict[str, Any]
+    checkpoint: str = "base"
 
     def fingerprint(self) -> str:
         """A canonical JSON rendering, stored with the journal."""
@@ -133,7 +127,7 @@ async def run_cell(
     Args:
         cell: The cell's identity and settings.
         outputs: Where its tables go.
-        make_policy: Builds a fresh policy for an episode from (n, episode seed, policy rng).
+        make_policy: Builds a fresh policy for an episode from (n, policy seed, policy rng).
         max_in_flight: Episodes played at once.
         progress: Show a progress bar on stderr.
     """
@@ -145,19 +139,18 @@ async def run_cell(
 
     async def play(index: int) -> None:
         async with gate:
-            seed = derive_seed(cell.base_seed, cell.model, cell.n, index)
-            table_rng, policy_rng = episode_generators(seed)
-            policy = make_policy(cell.n, seed, policy_rng)
+            seeds = EpisodeSeeds.derive(
+                cell.base_seed, cell.first_scenario + index, cell.n, cell.model
+            )
+            table_rng, policy_rng = seeds.generators()
+            policy = make_policy(cell.n, seeds.policy, policy_rng)
             log = await play_episode_graph(cell.env, cell.n, policy, table_rng)
-        identity = {"model": cell.model, "checkpoint": "base", "n": cell.n, "episode": index}
-        parts = {
-            "episodes": [{**identity, "seed": seed, **log.row}],
-            "steps": [{"episode": index, **step} for step in log.steps],
-            "transcripts": [{"episode": index, **t} for t in log.transcripts],
-        }
+        parts = log.tables(
+            model=cell.model, checkpoint=cell.checkpoint, n=cell.n, episode=index, seeds=seeds
+        )
         # The episode row goes last: its part existing is what marks the episode done.
         for table in ("steps", "transcripts", "episodes"):
-            frame = pl.DataFrame(parts[table], schema=_TABLES[table])
+            frame = pl.DataFrame(parts[table], schema=TABLE_SCHEMAS[table])
             write_parquet_atomic(frame, _journal_part(outputs.journal, index, table))
         if bar is not None:
             bar.update(log.row)
@@ -172,7 +165,7 @@ async def run_cell(
 
 def _merge_journal(cell: Cell, outputs: CellOutputs) -> None:
     """Concatenate the journal's parts in episode order into the final tables."""
-    for table in _TABLES:
+    for table in TABLE_SCHEMAS:
         parts = [_journal_part(outputs.journal, i, table) for i in range(cell.episodes)]
         write_parquet_atomic(pl.concat([pl.read_parquet(p) for p in parts]), outputs.path(table))
     shutil.rmtree(outputs.journal)
@@ -184,9 +177,11 @@ def generate_cell(
     env: EnvironmentConfig,
     episodes: int,
     base_seed: int,
+    first_scenario: int,
     outputs: CellOutputs,
     templates: PromptTemplates,
     weights: Path | None = None,
+    checkpoint: str = "base",
     progress: bool = True,
 ) -> None:
     """Play one model x N cell (resuming a killed run) and write its three tables.
@@ -196,12 +191,17 @@ def generate_cell(
         n: Number of philosophers.
         env: The table rules.
         episodes: Episodes in the cell.
-        base_seed: The config's seed; episode seeds derive from (seed, model, n, index).
+        base_seed: The config's seed; every seed derives from it (see ``EpisodeSeeds``).
+        first_scenario: Episode ``k`` plays scenario ``first_scenario + k``.
         outputs: Where the tables go.
         templates: Prompt templates for language models.
         weights: The prepared weights folder of a ``local`` model.
+        checkpoint: What the ``checkpoint`` column says: ``base``, or the training checkpoint
+            whose adapter the model carries.
         progress: Show a progress bar on stderr.
     """
-    cell = Cell(model.name, n, env, episodes, base_seed, model.settings())
+    cell = Cell(
+        model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
+    )
     with open_policy_factory(model, env, templates, weights) as (make_policy, max_in_flight):
         asyncio.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from coordgap.data import derive_seed
 from coordgap.env.protocols import TOOLS
+from coordgap.policies.base import BatchSlot
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -19,9 +20,16 @@ class ChatBackend(Protocol):
     """A language model that turns chat messages into one tool-call decision."""
 
     async def decide(
-        self, messages: list[dict[str, str]], tools: Sequence[Tool], seed: int
+        self,
+        messages: list[dict[str, str]],
+        tools: Sequence[Tool],
+        seed: int,
+        batch: BatchSlot | None = None,
     ) -> Decision:
-        """Decide from the messages, choosing among ``tools``; sampling seeded by ``seed``."""
+        """Decide from the messages, choosing among ``tools``; sampling seeded by ``seed``.
+
+        ``batch`` places the decision in the group it is made with (see ``BatchSlot``).
+        """
         ...
 
 
@@ -40,23 +48,39 @@ class ScriptedAgentPolicy:
 class LLMAgentPolicy:
     """Prompts a chat model with a philosopher's observation, rendered from the templates.
 
-    Every call gets its own sampling seed from (episode seed, seat, round), so an episode's
-    samples do not depend on how concurrent calls are scheduled or batched.
+    Every call gets its own sampling seed from (episode seed, seat, round), and the calls of
+    one simultaneous round form one batch group, so an episode's samples do not depend on how
+    concurrent calls are scheduled or batched.
 
     Args:
         backend: The chat model.
         templates: The prompt templates of ``config/prompts/``.
         episode_seed: The episode's seed.
+        simultaneous: Whether all philosophers of a round decide together (the table's turn
+            order); in sequential rounds every call is a group of its own.
     """
 
-    def __init__(self, backend: ChatBackend, templates: PromptTemplates, episode_seed: int):
+    def __init__(
+        self,
+        backend: ChatBackend,
+        templates: PromptTemplates,
+        episode_seed: int,
+        simultaneous: bool,
+    ):
         self._backend = backend
         self._templates = templates
         self._episode_seed = episode_seed
+        self._simultaneous = simultaneous
 
     async def adecide(self, observation: Observation) -> Decision:
         """Render the prompt, call the model and return its parsed decision."""
-        seed = derive_seed(self._episode_seed, observation.philosopher, observation.round)
+        seat, round_ = observation.philosopher, observation.round
+        seed = derive_seed(self._episode_seed, seat, round_)
+        batch = (
+            BatchSlot((self._episode_seed, round_), observation.n, seat)
+            if self._simultaneous
+            else None
+        )
         return await self._backend.decide(
-            self._templates.messages(observation), TOOLS[observation.protocol], seed
+            self._templates.messages(observation), TOOLS[observation.protocol], seed, batch
         )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Hashable, Sequence
 
     from coordgap.env.observation import Observation
     from coordgap.env.protocols import Tool
@@ -22,6 +22,24 @@ class NoCallReason(StrEnum):
     BAD_ARGUMENTS = "bad_arguments"
     SEVERAL_CALLS = "several_calls"
     TRANSPORT_ERROR = "transport_error"
+
+
+class BatchSlot(NamedTuple):
+    """Where a decision sits among the decisions that are made together.
+
+    A backend that batches (the local model) runs a group once all ``size`` members have
+    asked, in ``index`` order, so that a decision never depends on which unrelated calls
+    happened to be waiting at the same moment. Other backends ignore it.
+
+    Attributes:
+        key: Identifies the group, e.g. (episode seed, round) for a simultaneous round.
+        size: How many decisions the group has.
+        index: This decision's place in the group (its seat).
+    """
+
+    key: Hashable
+    size: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from coordgap.config import ModelKind
+from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
 
@@ -48,6 +49,7 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
         return LocalChatModel(
             weights,
             adapter=entry["adapter"],
+            dtype=entry["dtype"],
             decoding=entry["decoding"],
             temperature=entry["temperature"],
             max_new_tokens=entry["max_new_tokens"],
@@ -91,6 +93,8 @@ def open_policy_factory(
     backend = open_backend(model, weights)
 
     def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
-        return LLMAgentPolicy(backend, templates, seed)
+        return LLMAgentPolicy(
+            backend, templates, seed, simultaneous=env.turn_order is TurnOrder.SIMULTANEOUS
+        )
 
     yield prompted, model.entry["max_in_flight"]

@@ -1,23 +1,32 @@
 """An in-process causal LM that decides tool calls for many philosophers at once.
 
-One ``LocalChatModel`` serves every philosopher of every episode a job runs. Concurrent
-``decide`` calls are micro-batched: while one batch runs in a worker thread, the event loop
-keeps collecting requests, and the next batch takes whatever has arrived (up to
-``max_batch``). Each request samples with its own seeded generator, so its decision does not
-depend on which other requests shared its batch.
+One ``LocalChatModel`` serves every philosopher of every episode a job runs (and the rollouts of
+a training run, sharing the trainer's model). Decisions are batched by *group*, not by timing:
+the decisions of one simultaneous round of one episode form a group (``BatchSlot``), and a
+group runs, in seat order and in forward passes of at most ``max_batch`` decisions, once all of
+its members have asked. A decision's computation therefore depends only on its own round, never
+on which other episodes happened to be waiting at the same moment, so a cell's episodes are
+reproducible by construction on a given machine and thread count, however the event loop and
+the kernels' threads are scheduled. Each request samples with its own seeded generator.
 
 Two decodings exist (DESIGN.md §4). ``constrained`` scores the allowed tools' tool-call
-continuations against the prompt's KV cache and samples one of them, so it always yields a
-tool; a 135M model cannot write tool calls on its own (reference/cpu-feasibility.md §2.3).
-``free`` samples text and parses whatever calls it contains.
+continuations and samples one of them, so it always yields a tool; a 135M model cannot write
+tool calls on its own (reference/cpu-feasibility.md §2.3). ``free`` samples text and parses
+whatever calls it contains.
 
-Every request's system turn (the seat-independent system prompt and the tool descriptions)
-is the same for a whole table, so its KV cache is computed once and kept: a request runs only
-its own user turn and the candidates against a copy of it.
+Every request's system turn (the seat-independent system prompt and the tool descriptions) is
+the same for a whole table, so its keys and values are computed once, alone and unpadded, and
+kept. A forward pass then runs, per request, one row: the request's own prompt tokens after
+that prefix, followed by every candidate continuation side by side. A block-diagonal attention
+mask lets each candidate see the prefix, its request's prompt and itself only, so all
+candidates of all requests are scored in one pass without copying any cache per candidate.
 
-Log-probabilities are computed with the output layer in float32: bf16 logits are rounded to
-about 0.1 at typical magnitudes, which would make the recorded log-probs, and with them the
-GRPO importance ratios, noisy.
+Numerics (``dtype``): the output layer always runs in float32, because bf16 logits are rounded
+to about 0.1 at typical magnitudes. In ``bfloat16`` the recorded log-probs agree with a plain
+forward pass over prompt + completion only to within the bf16 bound measured on each CPU kernel
+path (``benchmarks/README.md``, "Numerics"): different shapes round differently, so a sampler
+and a trainer never agree bit for bit. ``float32`` agrees to about 1e-4 on every path, at
+roughly twice the cost on a CPU with bf16 instructions.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -37,23 +47,25 @@ from coordgap.policies.base import Decision, Transcript
 from coordgap.policies.parsing import parse_text_tool_calls
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Hashable, Mapping, Sequence
     from pathlib import Path
 
     from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from coordgap.env.protocols import Tool
+    from coordgap.policies.base import BatchSlot
 
 Decoding = Literal["constrained", "free"]
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# PyTorch's fused attention (the trainer uses it too). It takes the packed rows' arbitrary 4D
+# masks, and on a CPU it decides about 1.4x faster than eager attention, which materialises
+# every score and its float32 softmax (benchmarks/README.md, "Numerics").
+ATTENTION = "sdpa"
 
-# Event-loop turns the batcher waits for more requests before it runs a batch. Callers that
-# start together (asyncio.gather, one round of philosophers) have all enqueued after one
-# turn; the extra turns catch callers that await something small first.
-_COLLECT_TURNS = 4
-
-# Shared prefixes whose KV caches are kept (about 8 MB each for SmolLM2-135M's 350-token system
-# turn). A job has one per table configuration (size, protocol, rounds); more evict the oldest.
+# Shared prefixes whose keys and values are kept (about 8 MB each for SmolLM2-135M's 350-token
+# system turn in bf16). A job has one per table configuration (size, protocol, rounds); more
+# evict the oldest.
 _KEPT_PREFIXES = 8
 
 
@@ -107,20 +119,36 @@ class _Request:
     started: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One request's tokens in a packed forward pass, after the shared prefix.
+
+    Attributes:
+        stem: The request's own prompt tokens (and, for constrained decoding, the tokens every
+            candidate begins with). Causal, as in a plain forward pass.
+        blocks: Token blocks that each follow the stem: every block sees the prefix, the stem
+            and itself only, as if it alone came after the stem.
+    """
+
+    stem: list[int]
+    blocks: tuple[list[int], ...] = ()
+
+
 class LocalChatModel:
     """A Hugging Face causal LM, optionally with a LoRA adapter, shared by a job's decisions.
 
     Args:
         path: A prepared model folder (see ``coordgap.models.prepare``).
         adapter: A peft LoRA adapter folder to apply, or None for the base model.
+        dtype: ``bfloat16`` or ``float32``: the precision the model computes in.
         decoding: ``constrained`` (score the tools' calls) or ``free`` (generate and parse).
         temperature: Sampling temperature; 0 is greedy (ties go to the first candidate).
         max_new_tokens: The generation limit of ``free`` decoding.
-        max_batch: The most requests in one batch.
+        max_batch: The most requests in one forward pass.
         device: ``auto`` (CUDA when available, else CPU) or a torch device name.
 
     Attributes:
-        model: The causal LM (a ``PeftModel`` when an adapter is given), in bf16, eval mode.
+        model: The causal LM (a ``PeftModel`` when an adapter is given), in eval mode.
         tokenizer: Its tokenizer.
     """
 
@@ -129,11 +157,83 @@ class LocalChatModel:
         path: str | Path,
         *,
         adapter: str | Path | None = None,
+        dtype: str = "bfloat16",
         decoding: Decoding,
         temperature: float,
         max_new_tokens: int,
         max_batch: int,
         device: str = "auto",
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+        ).to(device)
+        if adapter is not None:
+            from peft import PeftModel
+
+            # Not merged: the trainer computes log-probs through the unmerged adapter, and
+            # merging into bf16 weights would round the update away from what it computes.
+            model = PeftModel.from_pretrained(model, adapter)
+        self._setup(
+            model.eval(),
+            tokenizer,
+            decoding=decoding,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            max_batch=max_batch,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: PreTrainedModel | PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        decoding: Decoding,
+        temperature: float,
+        max_new_tokens: int,
+        max_batch: int,
+    ) -> LocalChatModel:
+        """Decide with a model that is already loaded (a trainer's, between its updates).
+
+        The caller owns the model: it puts it in eval mode before deciding and calls
+        ``forget_prefixes`` whenever its weights change.
+
+        Args:
+            model: The causal LM, with an attention implementation that takes 4D masks.
+            tokenizer: Its tokenizer.
+            decoding: As for the constructor.
+            temperature: As for the constructor.
+            max_new_tokens: As for the constructor.
+            max_batch: As for the constructor.
+
+        Returns:
+            A backend deciding with ``model``.
+        """
+        self = cls.__new__(cls)
+        self._setup(
+            model,
+            tokenizer,
+            decoding=decoding,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            max_batch=max_batch,
+        )
+        return self
+
+    def _setup(
+        self,
+        model: PreTrainedModel | PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        decoding: Decoding,
+        temperature: float,
+        max_new_tokens: int,
+        max_batch: int,
     ) -> None:
         if decoding not in ("constrained", "free"):
             raise ValueError(f"decoding must be 'constrained' or 'free', not {decoding!r}")
@@ -145,38 +245,36 @@ class LocalChatModel:
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.max_batch = max_batch
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
-        # Eager attention computes each query on its own, so a padded or cached sequence
-        # gets exactly the log-probs of a plain forward pass (given _run's even padding).
-        # SDPA's kernels change with the padding and moved log-probs by 0.2-0.4, which would
-        # make a decision depend on its batch; they are about 1.5x faster on this CPU.
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.bfloat16, attn_implementation="eager"
-        ).to(self.device)
-        if adapter is not None:
-            from peft import PeftModel
-
-            # Not merged: the trainer computes log-probs through the unmerged adapter, and
-            # merging into bf16 weights would round the update away from what it computes.
-            model = PeftModel.from_pretrained(model, adapter)
-        self.model: PreTrainedModel | PeftModel = model.eval()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = model.device
         self._decoder = model.get_decoder()
+        # The dtype the model computes in (a LoRA adapter's own weights stay in float32).
+        self._dtype = model.get_input_embeddings().weight.dtype
+        # Kept in float32 (see the module docstring); a tied head is the embedding matrix.
         self._head = model.get_output_embeddings().weight.detach().float()
-        self._end_id: int = self.tokenizer.eos_token_id
+        self._end_id: int = tokenizer.eos_token_id
         self._pad_id: int = (
-            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._end_id
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._end_id
         )
         self._continuations: dict[Tool, list[int]] = {}
-        # Keys and values of every layer for a shared prefix, computed with the adapter, batch 1.
+        # Keys and values of every layer for a shared prefix, computed alone, batch 1.
         self._prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._pending: list[_Request] = []
+        # Groups still waiting for members, by key; complete groups, in the order completed.
+        self._forming: dict[Hashable, dict[int, _Request]] = {}
+        self._ready: deque[list[_Request]] = deque()
         self._runner: asyncio.Task[None] | None = None
 
+    def forget_prefixes(self) -> None:
+        """Drop the cached keys and values of shared prefixes: call after the weights change."""
+        self._prefixes.clear()
+
     async def decide(
-        self, messages: Sequence[Mapping[str, str]], tools: Sequence[Tool], seed: int
+        self,
+        messages: Sequence[Mapping[str, str]],
+        tools: Sequence[Tool],
+        seed: int,
+        batch: BatchSlot | None = None,
     ) -> Decision:
         """Decide one philosopher's tool call.
 
@@ -184,11 +282,16 @@ class LocalChatModel:
             messages: The conversation (system and user messages), without tool descriptions.
             tools: The tools allowed at this table, in their protocol's order.
             seed: Seeds this decision's sampling; equal seeds give equal decisions.
+            batch: The group this decision is made with (one simultaneous round); it runs
+                once all of the group's members have asked. None: a group of its own.
 
         Returns:
             The decision, with a transcript of the LLM call for training: the messages as
             sent (tool descriptions included), the sampled tokens and their log-probs under the
             model at temperature 1, which is what a trainer recomputes for its ratios.
+
+        Raises:
+            ValueError: No tools, or a group slot that is out of range or already taken.
         """
         if not tools:
             raise ValueError("decide needs at least one tool")
@@ -200,64 +303,62 @@ class LocalChatModel:
             loop.create_future(),
             time.perf_counter(),
         )
-        self._pending.append(request)
-        if self._runner is None or self._runner.done():
-            self._runner = loop.create_task(self._serve())
+        key, size, index = (id(request), 1, 0) if batch is None else batch
+        if not 0 <= index < size:
+            raise ValueError(f"batch slot {index} is outside a group of {size}")
+        members = self._forming.setdefault(key, {})
+        if index in members:
+            raise ValueError(f"batch slot {index} of group {key!r} is taken twice")
+        members[index] = request
+        if len(members) == size:
+            del self._forming[key]
+            self._ready.append([members[i] for i in range(size)])
+            if self._runner is None or self._runner.done():
+                self._runner = loop.create_task(self._serve())
         return await request.future
 
     async def _serve(self) -> None:
-        """Run batches of pending requests until none is left."""
-        while self._pending:
-            for _ in range(_COLLECT_TURNS):
-                if len(self._pending) >= self.max_batch:
-                    break
-                await asyncio.sleep(0)
+        """Run complete groups, in the order they completed, until none is left."""
+        while self._ready:
             # Callers that gave up (cancelled) while waiting need no decision.
-            batch = [r for r in self._pending[: self.max_batch] if not r.future.done()]
-            del self._pending[: self.max_batch]
-            if not batch:
+            group = [r for r in self._ready.popleft() if not r.future.done()]
+            if not group:
                 continue
             try:
-                # In a thread, so the event loop keeps collecting the next batch meanwhile.
-                decisions = await asyncio.to_thread(self._run, batch)
+                # In a thread, so the event loop keeps serving episodes meanwhile.
+                decisions = await asyncio.to_thread(self._run, group)
             except Exception as error:
-                for request in batch:
+                for request in group:
                     if not request.future.done():
                         request.future.set_exception(error)
                 continue
             finished = time.perf_counter()
-            for request, decision in zip(batch, decisions, strict=True):
-                # Its caller may have given up while the batch ran.
+            for request, decision in zip(group, decisions, strict=True):
+                # Its caller may have given up while the group ran.
                 if not request.future.done():
                     latency = finished - request.started
                     request.future.set_result(replace(decision, latency_s=latency))
 
     @torch.inference_mode()
-    def _run(self, batch: list[_Request]) -> list[Decision]:
-        """Decide a batch of requests (latency not yet filled in).
+    def _run(self, group: list[_Request]) -> list[Decision]:
+        """Decide a group of requests, in order (latency not yet filled in).
 
-        The tokenizer is used here only, in the worker thread: a fast tokenizer is not safe to
-        share between threads.
-
-        bf16 CPU kernels (AVX512-BF16, AMX) add attention terms up in adjacent pairs, so
-        shifting a sequence by one position regroups the sums and moves its log-probs by up to
-        0.3, while shifting it by two changes nothing. Only sequences of equal length parity
-        share a forward pass, so every left padding is even: a request gets the same
-        log-probs in any batch as alone, and as in an unpadded forward pass (the trainer's).
-        Requests share a forward pass only when they share a cached prefix as well.
+        Requests share a forward pass when they share a cached prefix, at most ``max_batch``
+        at a time, consecutive in the group's order. The tokenizer is used here only, in the
+        worker thread: a fast tokenizer is not safe to share between threads.
         """
         decide = self._choose if self.decoding == "constrained" else self._generate
-        prompts = [self._prompt(request.messages) for request in batch]
-        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
-        for i, request in enumerate(batch):
-            prefix = self._prefix(request.messages, prompts[i])
-            length = len(prompts[i]) + self._shared_length(request.tools)
-            groups.setdefault((prefix, length % 2), []).append(i)
+        prompts = [self._prompt(request.messages) for request in group]
+        by_prefix: dict[tuple[int, ...], list[int]] = {}
+        for i, request in enumerate(group):
+            by_prefix.setdefault(self._prefix(request.messages, prompts[i]), []).append(i)
         decisions: dict[int, Decision] = {}
-        for (prefix, _), members in groups.items():
-            group = decide([batch[i] for i in members], [prompts[i] for i in members], prefix)
-            decisions.update(zip(members, group, strict=True))
-        return [decisions[i] for i in range(len(batch))]
+        for prefix, members in by_prefix.items():
+            for start in range(0, len(members), self.max_batch):
+                chunk = members[start : start + self.max_batch]
+                done = decide([group[i] for i in chunk], [prompts[i] for i in chunk], prefix)
+                decisions.update(zip(chunk, done, strict=True))
+        return [decisions[i] for i in range(len(group))]
 
     def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """The token ids of a conversation rendered for the assistant's turn."""
@@ -283,18 +384,16 @@ class LocalChatModel:
             common += 1
         return tuple(prompt[:common])
 
-    def _prefix_cache(self, prefix: tuple[int, ...], pads: list[int]) -> DynamicCache | None:
-        """The first ``len(prefix)`` columns of left-padded rows, as a KV cache.
+    def _prefix_cache(self, prefix: tuple[int, ...], rows: int) -> DynamicCache | None:
+        """The prefix's keys and values for ``rows`` rows, as a fresh KV cache.
 
-        Row ``i`` is ``pads[i]`` padding columns, then ``prefix``, cut to the columns' width:
-        the layout of a left-padded batch (see ``_prefill``). Padding keys and values are
-        zeros; the attention mask hides them. The prefix runs the first time it is asked for,
-        alone and unpadded, as in the trainer's forward pass; later calls copy its keys and
-        values.
+        The prefix runs the first time it is asked for, alone and unpadded, as in the
+        trainer's forward pass; later calls reuse its keys and values, broadcast (not copied)
+        over the rows.
 
         Args:
             prefix: The rows' shared prefix.
-            pads: Each row's left padding.
+            rows: The batch size.
 
         Returns:
             The cache, or None for an empty prefix.
@@ -308,19 +407,70 @@ class LocalChatModel:
                 input_ids=torch.tensor([prefix], device=self.device), use_cache=True
             )
             self._prefixes[prefix] = [(keys, values) for keys, values, *_ in out.cache]
-        width = len(prefix)
-        layers = []
-        for keys, values in self._prefixes[prefix]:
-            rows = (
-                keys.new_zeros(len(pads), *keys.shape[1:]),
-                values.new_zeros(len(pads), *values.shape[1:]),
-            )
-            for row, pad in enumerate(pads):
-                if pad < width:
-                    rows[0][row, :, pad:] = keys[0, :, : width - pad]
-                    rows[1][row, :, pad:] = values[0, :, : width - pad]
-            layers.append(rows)
-        return DynamicCache(layers)
+        return DynamicCache(
+            [
+                (keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
+                for keys, values in self._prefixes[prefix]
+            ]
+        )
+
+    def _forward(
+        self, prefix: tuple[int, ...], rows: list[_Row]
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Run packed rows after their shared prefix's cached keys and values.
+
+        Row ``r`` holds its stem, then each of its blocks, then right padding. Positions
+        continue from the prefix: the stem's tokens follow it, and every block starts right
+        after the stem, as if it were the only continuation. The mask lets a token see the
+        whole prefix and, causally, its own segment; a block also sees its row's stem. Padding
+        sees only the prefix (and itself), which keeps its values finite: a NaN there would
+        reach every row through ``0 * NaN`` in the attention's weighted sum.
+
+        Args:
+            prefix: The shared prefix (may be empty).
+            rows: One row per request.
+
+        Returns:
+            The final hidden states ``[B, W, H]``, the KV cache after the pass, and for each
+            column of each row whether it holds a real token ``[B, W]`` (for decoding on).
+        """
+        start = len(prefix)
+        layouts = [[row.stem, *row.blocks] for row in rows]
+        width = max(sum(map(len, segments)) for segments in layouts)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        positions = torch.zeros((len(rows), width), dtype=torch.long)
+        # Segment of each column: 0 the stem, k the k-th block, -1 padding.
+        segment = torch.full((len(rows), width), -1, dtype=torch.long)
+        for r, segments in enumerate(layouts):
+            column = 0
+            for k, tokens in enumerate(segments):
+                span = slice(column, column + len(tokens))
+                ids[r, span] = torch.tensor(tokens, dtype=torch.long)
+                first = start if k == 0 else start + len(segments[0])
+                positions[r, span] = torch.arange(first, first + len(tokens))
+                segment[r, span] = k
+                column += len(tokens)
+        columns = torch.arange(width)
+        causal = columns[:, None] >= columns[None, :]
+        query, key = segment[:, :, None], segment[:, None, :]
+        real = segment >= 0
+        own = causal & ((key == query) | (key == 0)) & real[:, :, None] & real[:, None, :]
+        own |= torch.eye(width, dtype=torch.bool) & ~real[:, :, None]
+        allowed = torch.cat([torch.ones(len(rows), width, start, dtype=torch.bool), own], dim=2)
+        dtype = self._dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        out = self._decoder(
+            input_ids=ids.to(self.device),
+            attention_mask=mask[:, None].to(self.device),
+            position_ids=positions.to(self.device),
+            cache=self._prefix_cache(prefix, len(rows)),
+            use_cache=True,
+        )
+        return out.last_hidden_state, out.cache, real.to(self.device)
+
+    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token log-probs from final hidden states, the output layer in float32."""
+        return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
 
     def _continuation(self, tool: Tool) -> list[int]:
         """The token ids of the assistant's turn that calls ``tool``, end-of-turn included."""
@@ -330,13 +480,7 @@ class LocalChatModel:
         return self._continuations[tool]
 
     def _shared_length(self, tools: tuple[Tool, ...]) -> int:
-        """How many leading tokens the calls of ``tools`` share, when they are scored.
-
-        Constrained decoding runs these tokens once, with the prompt; each candidate keeps at
-        least one token of its own. Free decoding shares nothing.
-        """
-        if self.decoding == "free":
-            return 0
+        """How many leading tokens the calls of ``tools`` share (each keeps at least one)."""
         candidates = [self._continuation(tool) for tool in tools]
         shortest = min(map(len, candidates))
         for i in range(shortest - 1):
@@ -344,116 +488,53 @@ class LocalChatModel:
                 return i
         return shortest - 1
 
-    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token log-probs from final hidden states, the output layer in float32."""
-        return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
-
-    def _prefill(
-        self, prompts: list[list[int]], prefix: tuple[int, ...], keep: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
-        """Run the prompts as one left-padded batch, its first columns from the prefix cache.
-
-        The batch is laid out as if the whole prompts ran left-padded (the layout whose
-        log-probs ``_run`` shows equal an unpadded pass): its first ``len(prefix)`` columns,
-        padding and the start of each prompt's prefix, come from the prefix cache, and only
-        the columns after them run. A shorter prompt thus runs a few more of its prefix's
-        tokens instead of padding. Padding placed between the prefix and a prompt's own
-        tokens instead would regroup the attention sums and move log-probs by about 0.1.
-
-        Args:
-            prompts: Token ids, one list per request, each beginning with ``prefix``.
-            prefix: Their shared prefix, shorter than the longest prompt (may be empty).
-            keep: How many of the last positions to return log-probs for.
-
-        Returns:
-            The next-token log-probs at each prompt's last ``keep`` positions ``[B, keep, V]``,
-            the attention mask ``[B, L]``, each prompt's length ``[B]`` and the KV cache.
-        """
-        width = max(map(len, prompts))
-        pads = [width - len(p) for p in prompts]
-        ids = torch.tensor([[self._pad_id] * pad + p for pad, p in zip(pads, prompts, strict=True)])
-        mask = torch.tensor(
-            [[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)]
-        )
-        # Positions count real tokens only, so a padded prompt sees the positions it would
-        # see alone; padding positions are masked out and their value does not matter.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        start = len(prefix)
-        out = self._decoder(
-            input_ids=ids[:, start:].to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions[:, start:].to(self.device),
-            cache=self._prefix_cache(prefix, pads),
-            use_cache=True,
-        )
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        return (
-            self._log_probs(out.last_hidden_state[:, -keep:]),
-            mask.to(self.device),
-            lengths,
-            out.cache,
-        )
-
     def _choose(
         self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
     ) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
-        The prompts run after their shared ``prefix``'s cached keys and values. The tokens all
-        of a request's candidates begin with (the call up to the tool's name) run once,
-        appended to its prompt. The rest of each candidate then runs against that
-        KV cache, copied once per candidate, all candidates of the batch together.
+        A request's row is its prompt after the prefix and the tokens all its candidates
+        begin with (the call up to the tool's name), then each candidate's remaining tokens
+        but the last as a block: the last one (the end of turn) is only ever predicted.
         """
         options = [[self._continuation(tool) for tool in request.tools] for request in batch]
         shared = [self._shared_length(request.tools) for request in batch]
-        keep = max(shared) + 1
-        head, mask, lengths, cache = self._prefill(
-            [p + c[0][:n] for p, c, n in zip(prompts, options, shared, strict=True)],
-            prefix,
-            keep,
-        )
-        owner = torch.tensor(
-            [b for b, candidates in enumerate(options) for _ in candidates], device=self.device
-        )
-        rests = [c[n:] for candidates, n in zip(options, shared, strict=True) for c in candidates]
-        width = max(map(len, rests))
-        ids = torch.tensor(
-            [r + [self._pad_id] * (width - len(r)) for r in rests], device=self.device
-        )
-        own_mask = torch.tensor(
-            [[1] * len(r) + [0] * (width - len(r)) for r in rests], device=self.device
-        )
-        cache.batch_select_indices(owner)
-        hidden = self._decoder(
-            input_ids=ids,
-            attention_mask=torch.cat([mask[owner], own_mask], dim=1),
-            position_ids=lengths[owner, None] + torch.arange(width, device=self.device),
-            cache=cache,
-            use_cache=True,
-        ).last_hidden_state
+        rows = [
+            _Row(
+                prompt[len(prefix) :] + candidates[0][:n],
+                tuple(c[n:-1] for c in candidates),
+            )
+            for prompt, candidates, n in zip(prompts, options, shared, strict=True)
+        ]
+        hidden, _, _ = self._forward(prefix, rows)
         decisions = []
-        row = 0
-        for b, (request, candidates, n) in enumerate(zip(batch, options, shared, strict=True)):
-            # head[b, keep - 1 - n + j] predicts token j of every candidate, for j <= n; in the
-            # candidate pass, position i of a row predicts the row's token i + 1. One request's
-            # rows at a time keeps the float32 vocabulary-sized tensor small.
-            early = head[b, keep - 1 - n :]
-            later = self._log_probs(hidden[row : row + len(candidates), :-1])
-            token_lps = [
-                torch.cat(
-                    [
-                        _pick(early, torch.tensor(c[: n + 1], device=self.device)),
-                        _pick(later[k, : len(c) - n - 1], ids[row + k, 1 : len(c) - n]),
-                    ]
-                ).cpu()
-                for k, c in enumerate(candidates)
-            ]
-            row += len(candidates)
+        for b, (request, row, candidates, n) in enumerate(
+            zip(batch, rows, options, shared, strict=True)
+        ):
+            stem = len(row.stem)
+            # Position i predicts token i + 1: the stem's last n + 1 positions predict the
+            # shared tokens and every candidate's first own token; a block's positions
+            # predict the rest of its candidate. One request at a time keeps the float32
+            # vocabulary-sized tensor small.
+            where = list(range(stem - n - 1, stem))
+            column = stem
+            for block in row.blocks:
+                where += range(column, column + len(block))
+                column += len(block)
+            log_probs = self._log_probs(hidden[b, where])
+            common = _pick(log_probs[:n], candidates[0][:n])
+            offset = n + 1
+            token_lps = []
+            for c, block in zip(candidates, row.blocks, strict=True):
+                first = log_probs[n, c[n]].reshape(1)
+                own = _pick(log_probs[offset : offset + len(block)], c[n + 1 :])
+                token_lps.append(torch.cat([common, first, own]).cpu())
+                offset += len(block)
             # Summed, not length-normalised: the sum is the log-probability the model gives
             # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
             # over the allowed calls. Normalising by length would favour long tool names,
             # whose later tokens are nearly certain once the name has begun.
-            totals = torch.stack([lps.sum() for lps in token_lps])
+            totals = torch.stack([lps.double().sum() for lps in token_lps])
             k = _sample(totals, self.temperature, _generator(request.seed))
             decisions.append(
                 self._decision(
@@ -470,8 +551,17 @@ class LocalChatModel:
         self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
     ) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
-        log_probs, mask, lengths, cache = self._prefill(prompts, prefix, keep=1)
-        log_probs = log_probs[:, -1]
+        rows = [_Row(prompt[len(prefix) :]) for prompt in prompts]
+        hidden, cache, seen = self._forward(prefix, rows)
+        lengths = torch.tensor([len(row.stem) for row in rows], device=self.device)
+        log_probs = self._log_probs(hidden[torch.arange(len(rows)), lengths - 1])
+        # Keys a new token may see: the prefix, each row's prompt (not its padding), then
+        # every token generated so far.
+        seen = torch.cat(
+            [torch.ones(len(rows), len(prefix), dtype=torch.bool, device=self.device), seen],
+            dim=1,
+        )
+        dtype = self._dtype
         generators = [_generator(request.seed) for request in batch]
         tokens: list[list[int]] = [[] for _ in batch]
         token_lps: list[list[float]] = [[] for _ in batch]
@@ -480,11 +570,14 @@ class LocalChatModel:
                 # Finished rows keep decoding (their output is ignored): simpler than
                 # shrinking the batch and its cache, and the last rows finish soon anyway.
                 last = torch.tensor([row[-1] for row in tokens], device=self.device)
-                mask = F.pad(mask, (0, 1), value=1)
+                seen = F.pad(seen, (0, 1), value=True)
+                mask = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill(
+                    ~seen, torch.finfo(dtype).min
+                )
                 out = self._decoder(
                     input_ids=last[:, None],
-                    attention_mask=mask,
-                    position_ids=(lengths + step - 1)[:, None],
+                    attention_mask=mask[:, None, None],
+                    position_ids=(len(prefix) + lengths + step - 1)[:, None],
                     cache=cache,
                     use_cache=True,
                 )
@@ -534,9 +627,10 @@ class LocalChatModel:
         )
 
 
-def _pick(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def _pick(log_probs: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
     """The log-prob of each token, ``log_probs[i, tokens[i]]``."""
-    return log_probs.gather(-1, tokens[:, None])[:, 0]
+    index = torch.tensor(tokens, dtype=torch.long, device=log_probs.device)
+    return log_probs.gather(-1, index[:, None])[:, 0]
 
 
 def _generator(seed: int) -> torch.Generator:

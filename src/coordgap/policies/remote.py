@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from langchain_core.runnables import Runnable
 
     from coordgap.env.protocols import Tool
+    from coordgap.policies.base import BatchSlot
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,11 @@ class OpenAICompatible:
         self._chat_model = self._build_chat_model()
 
     async def decide(
-        self, messages: list[dict[str, str]], tools: Sequence[Tool], seed: int
+        self,
+        messages: list[dict[str, str]],
+        tools: Sequence[Tool],
+        seed: int,
+        batch: BatchSlot | None = None,
     ) -> Decision:
         """Ask the model for one tool call, retrying transport failures.
 
@@ -161,6 +166,7 @@ class OpenAICompatible:
             messages: The chat so far, as ``{"role": ..., "content": ...}`` dicts.
             tools: The tools the philosopher may call.
             seed: Seeds the backoff jitter and, for provider openai, the server's sampling.
+            batch: Ignored: every call is its own request (the server batches).
 
         Returns:
             The parsed decision. When every attempt failed, or one failed in a way a retry
