@@ -24,6 +24,7 @@ report: "workflow/report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/episodes.smk"
+include: "rules/train.smk"
 include: "rules/analysis.smk"
 
 
@@ -44,3 +45,8 @@ rule episodes:
 rule models:
     input:
         "resources/models/manifest.json",
+
+
+rule train:
+    input:
+        training_targets(),

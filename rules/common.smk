@@ -4,7 +4,7 @@
 import re
 from pathlib import Path
 
-from snakemake.utils import validate
+from snakemake.utils import available_cpu_count, validate
 
 from coordgap.config import check_cross_keys
 
@@ -18,6 +18,7 @@ check_cross_keys(config)
 
 MODELS = list(config["models"])
 LOCAL_MODELS = [name for name, entry in config["models"].items() if entry["kind"] == "local"]
+RUNS = list(config["training"]["runs"])
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
 SRC = Path("src/coordgap")
@@ -27,6 +28,7 @@ CONDA_ENV = "../workflow/envs/coordgap.yaml"
 
 wildcard_constraints:
     model="|".join(re.escape(name) for name in MODELS),
+    run="|".join(re.escape(name) for name in RUNS) or "(?!)",
     size=r"\d+",
     variant="|".join(VARIANTS),
 
@@ -96,6 +98,39 @@ def model_gpus(wildcards):
     return int(config["models"][wildcards.model]["kind"] == "local")
 
 
+# Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
+# at most the machine's; profiles/slurm caps it with max-threads). Snakemake sets the job's
+# OMP/MKL thread variables to this, and torch uses exactly that many.
+MODEL_THREADS = min(workflow.cores, available_cpu_count())
+
+
+def model_threads(wildcards):
+    """Threads of a generation job: MODEL_THREADS for an in-process model, else one."""
+    return MODEL_THREADS if config["models"][wildcards.model]["kind"] == "local" else 1
+
+
+def run_entry(wildcards):
+    """The config entry of the training run in the job's wildcards."""
+    return config["training"]["runs"][wildcards.run]
+
+
+def run_base_entry(wildcards):
+    """The models entry of the run's base model."""
+    return config["models"][run_entry(wildcards)["base_model"]]
+
+
+def run_weights(wildcards):
+    """The prepared weights folder of the run's base model."""
+    return f"resources/models/{run_entry(wildcards)['base_model']}"
+
+
+def training_targets():
+    """Every run's checkpoints and history."""
+    return expand(
+        ["results/train/{run}/checkpoints", "results/train/{run}/history.parquet"], run=RUNS
+    )
+
+
 def model_targets():
     """Every local model's prepared weights."""
     return expand("resources/models/{model}", model=LOCAL_MODELS)
@@ -110,6 +145,7 @@ def final_targets():
     """What `all` builds: statistics, one figure per reward variant, the report."""
     return [
         "resources/models/manifest.json",
+        *training_targets(),
         "results/stats/summary.csv",
         "results/stats/comparisons.csv",
         "results/metrics.json",

@@ -9,9 +9,11 @@ objects with their ``from_dict`` constructors.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from coordgap.env.protocols import Protocol
 from coordgap.env.reward import RewardVariant, RewardWeights
@@ -118,6 +120,134 @@ class AnalysisConfig:
         )
 
 
+class Trainer(StrEnum):
+    """What runs a GRPO update (DESIGN.md §6)."""
+
+    TORCH = "torch"
+    ART = "art"
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """The LoRA adapter a run trains (ART's defaults: rank 8, alpha 16, no dropout)."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSettings:
+    """AdamW with a constant learning rate and a gradient-norm clip (ART's defaults)."""
+
+    beta1: float
+    beta2: float
+    weight_decay: float
+    max_grad_norm: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRunConfig:
+    """One GRPO run: a base model, a trainer and the recipe (``training.runs.<name>``).
+
+    Attributes:
+        name: The run's slug (used in output paths).
+        base_model: The ``models:`` entry (kind ``local``) whose weights are trained.
+        trainer: ``torch`` (our loop around ART's math) or ``art`` (ART's LocalBackend).
+        steps: GRPO steps; checkpoints 0 (the untrained adapter) to ``steps`` are written.
+        groups_per_step: Groups played per step (one scenario each).
+        episodes_per_group: Episodes per group (the same scenario, sampled independently).
+        n: Philosophers at the training table, unless ``curriculum`` says otherwise.
+        curriculum: ``(from_step, n)`` pairs in increasing step order, the first from step 0:
+            the table size of each step (intervention 3); empty for a fixed ``n``.
+        grouping: ``pooled`` (all philosophers of a group's episodes form one GRPO group) or
+            ``per_seat`` (one group per seat).
+        variant: The reward variant trained on (intervention 1).
+        weights: Its component weights.
+        temperature: Sampling temperature of the rollouts.
+        learning_rate: AdamW's (constant) learning rate.
+        lora: The adapter's shape.
+        loss: ``cispo`` (ART's default) or ``ppo``.
+        epsilon: Lower clip of the importance ratio (None: ART's default for the loss).
+        epsilon_high: Upper clip (None: ART's default for the loss).
+        optimizer: AdamW's other settings.
+        max_in_flight: Rollout episodes played at once.
+        seed: Seeds the adapter's initialisation and every step's generators.
+        art_internal_config: Passed to ``art.TrainableModel(_internal_config=...)`` by the
+            ``art`` trainer, merged under the LoRA settings above.
+    """
+
+    name: str
+    base_model: str
+    trainer: Trainer
+    steps: int
+    groups_per_step: int
+    episodes_per_group: int
+    n: int
+    curriculum: tuple[tuple[int, int], ...]
+    grouping: Literal["pooled", "per_seat"]
+    variant: RewardVariant
+    weights: RewardWeights
+    temperature: float
+    learning_rate: float
+    lora: LoraSettings
+    loss: Literal["cispo", "ppo"]
+    epsilon: float | None
+    epsilon_high: float | None
+    optimizer: OptimizerSettings
+    max_in_flight: int
+    seed: int
+    art_internal_config: dict[str, Any]
+
+    def n_at(self, step: int) -> int:
+        """The table size of the rollouts of ``step`` (0-based)."""
+        size = self.n
+        for start, n in self.curriculum:
+            if start <= step:
+                size = n
+        return size
+
+    def settings(self) -> dict[str, Any]:
+        """The run as a plain dict of plain values (fingerprints, provenance)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, name: str, entry: dict[str, Any]) -> TrainingRunConfig:
+        """Build from one validated ``training.runs.<name>`` entry."""
+        reward = entry["reward"]
+        return cls(
+            name=name,
+            base_model=entry["base_model"],
+            trainer=Trainer(entry["trainer"]),
+            steps=int(entry["steps"]),
+            groups_per_step=int(entry["groups_per_step"]),
+            episodes_per_group=int(entry["episodes_per_group"]),
+            n=int(entry["n"]),
+            curriculum=tuple(
+                (int(stage["from_step"]), int(stage["n"])) for stage in entry["curriculum"] or ()
+            ),
+            grouping=entry["grouping"],
+            variant=RewardVariant(reward["variant"]),
+            weights=RewardWeights(**{k: float(v) for k, v in reward["weights"].items()}),
+            temperature=float(entry["temperature"]),
+            learning_rate=float(entry["learning_rate"]),
+            lora=LoraSettings(
+                rank=int(entry["lora"]["rank"]),
+                alpha=int(entry["lora"]["alpha"]),
+                dropout=float(entry["lora"]["dropout"]),
+                target_modules=tuple(entry["lora"]["target_modules"]),
+            ),
+            loss=entry["loss"],
+            epsilon=entry["epsilon"],
+            epsilon_high=entry["epsilon_high"],
+            optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
+            max_in_flight=int(entry["max_in_flight"]),
+            seed=int(entry["seed"]),
+            art_internal_config=dict(entry["art_internal_config"] or {}),
+        )
+
+
 def check_cross_keys(config: dict[str, Any]) -> None:
     """Check the rules that span several keys, which the JSON schema cannot express.
 
@@ -141,3 +271,60 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     sizes = config["experiment"]["sizes"]
     if len(set(sizes)) != len(sizes):
         raise ConfigError("config key 'experiment.sizes': sizes must be distinct")
+    for name, run in config["training"]["runs"].items():
+        _check_run(f"training.runs.{name}", run, models)
+        if name in models:
+            raise ConfigError(f"config key 'training.runs.{name}': a model has this name too")
+    _check_scenarios(config)
+
+
+def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
+    """The scenario ids each split of a config uses, by split name.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        ``{"test": range, "train": range}``: the test range covers the largest cell, the
+        training range the longest run.
+    """
+    first = config["scenarios"]
+    cells = [config["experiment"]["episodes_per_cell"]] + [
+        entry["episodes_per_cell"]
+        for entry in config["models"].values()
+        if entry.get("episodes_per_cell") is not None
+    ]
+    runs = [run["steps"] * run["groups_per_step"] for run in config["training"]["runs"].values()]
+    return {
+        "test": range(first["test"], first["test"] + max(cells)),
+        "train": range(first["train"], first["train"] + max(runs, default=0)),
+    }
+
+
+def _check_scenarios(config: dict[str, Any]) -> None:
+    """Refuse overlapping scenario ranges, naming both keys."""
+    ranges = sorted(scenario_ranges(config).items(), key=lambda item: item[1].start)
+    for (name_a, a), (name_b, b) in itertools.pairwise(ranges):
+        if a and b and b.start < a.stop:
+            raise ConfigError(
+                f"config keys 'scenarios.{name_a}' and 'scenarios.{name_b}': their scenario ids "
+                f"overlap ({name_a} uses {a.start}..{a.stop - 1}, {name_b} starts at {b.start})"
+            )
+
+
+def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
+    """The cross-key rules of one training run (see ``check_cross_keys``)."""
+    base = run["base_model"]
+    if base not in models:
+        raise ConfigError(f"config key '{key}.base_model': unknown model '{base}'")
+    if models[base]["kind"] != "local":
+        raise ConfigError(
+            f"config key '{key}.base_model': '{base}' is a {models[base]['kind']} model; "
+            "only local models can be trained"
+        )
+    starts = [stage["from_step"] for stage in run["curriculum"] or ()]
+    if starts and (starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= run["steps"]):
+        raise ConfigError(
+            f"config key '{key}.curriculum': from_step must start at 0 and increase, "
+            f"below steps ({run['steps']})"
+        )

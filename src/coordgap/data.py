@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from coordgap.env.protocols import Tool
+from coordgap.env.reward import RewardVariant
 
 CALL_COLUMNS = tuple(f"calls_{tool.value}" for tool in Tool)
 
@@ -19,6 +20,7 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     "n": pl.Int64(),
     "episode": pl.Int64(),
     "seed": pl.Int64(),
+    "scenario": pl.Int64(),
     "protocol": pl.String(),
     "turn_order": pl.String(),
     "tie_break": pl.String(),
@@ -64,6 +66,43 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "outcome": pl.String(),
     "reason": pl.String(),
     "raw": pl.String(),
+}
+
+
+HISTORY_SCHEMA: dict[str, pl.DataType] = {
+    "run": pl.String(),
+    "step": pl.Int64(),  # the checkpoint that played this step's rollouts; the update follows
+    "n": pl.Int64(),
+    "episodes": pl.Int64(),
+    "errors": pl.Int64(),
+    "reward_mean": pl.Float64(),  # under the variant and weights trained on
+    "reward_std": pl.Float64(),
+    "reward_min": pl.Float64(),
+    "reward_max": pl.Float64(),
+    # Every variant under the run's weights, so a shaped run's curve shows its paper reward.
+    **{f"reward_{v}_{stat}": pl.Float64() for v in RewardVariant for stat in ("mean", "std")},
+    "meals_mean": pl.Float64(),
+    "deadlock_rate": pl.Float64(),
+    "groups": pl.Int64(),
+    "groups_trainable": pl.Int64(),
+    "trajectories": pl.Int64(),
+    "rows": pl.Int64(),
+    "tokens": pl.Int64(),
+    "trained_tokens": pl.Int64(),
+    "loss": pl.Float64(),
+    "grad_norm": pl.Float64(),
+    "ratio_log_mean": pl.Float64(),
+    "ratio_log_first": pl.Float64(),
+    "seconds_rollout": pl.Float64(),
+    "seconds_update": pl.Float64(),
+    "seconds": pl.Float64(),
+}
+
+# The tables of a set of episodes by name (``n<N>.parquet``, ``.steps``, ``.transcripts``).
+TABLE_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "episodes": EPISODE_SCHEMA,
+    "steps": STEP_SCHEMA,
+    "transcripts": TRANSCRIPT_SCHEMA,
 }
 
 

@@ -1,0 +1,35 @@
+# GRPO training: one job per run, writing a checkpoint folder per step.
+
+
+rule train_grpo:
+    input:
+        weights=run_weights,
+        prompts="config/prompts",
+        code=src_files(
+            "training", "agents", "policies", "env", "episodes.py", "data.py", "config.py"
+        ),
+    output:
+        # One folder for all steps: evaluation jobs take it whole and read their step, so a
+        # retrain reruns them (per-step folders would miss nothing more, at more rules).
+        checkpoints=directory("results/train/{run}/checkpoints"),
+        history="results/train/{run}/history.parquet",
+        rollouts=directory("results/train/{run}/rollouts"),
+    params:
+        run=run_entry,
+        base=run_base_entry,
+        environment=lookup(dpath="environment", within=config),
+        seed=lookup(dpath="seed", within=config),
+        first_scenario=lookup(dpath="scenarios/train", within=config),
+    log:
+        "logs/train_grpo/{run}.log",
+    benchmark:
+        "logs/train_grpo/{run}.benchmark.tsv"
+    threads: MODEL_THREADS
+    resources:
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: 240 * attempt,
+        gpu=1,
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/train_grpo.py"

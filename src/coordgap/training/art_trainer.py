@@ -1,0 +1,217 @@
+"""The ``art`` trainer: OpenPipe ART 0.5.18's own LocalBackend (vLLM + Unsloth) on a CUDA GPU.
+
+The loop (``coordgap.training.loop``) is the same as for the ``torch`` trainer; only the three
+trainer calls differ. The policy is served by ART's vLLM server, so rollouts go through the
+``openai`` backend pointed at it, naming the checkpoint with ``get_inference_name(step)``
+before every step (the name ``register`` sets goes stale after training) and with Qwen3's
+thinking off in both rendering and training (reference/art-grpo.md §4, §8.5). The tools are
+sent as OpenAI function schemas, which vLLM renders through the chat template, so every
+trajectory carries them too: ART's tokenizer renders the same template with the same tools.
+An update is one ``backend.train`` call; the checkpoint it writes is copied into our layout.
+
+Departures from the ``torch`` trainer that ART imposes: its optimizer is ``paged_adamw_8bit``
+and is not saved across restarts (OpenPipe/ART#72), so a resumed run continues with fresh
+optimizer moments, and its sampler log-probs come from vLLM in bf16 while the trainer may
+load the base model in 4 bits (``_internal_config.init_args.load_in_4bit``).
+
+None of this can run without a CUDA GPU and ART's backend extra; on such a machine the job
+stops at start, naming what is missing and how to get it (the dry run still plans the job).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from coordgap.policies.remote import OpenAICompatible
+from coordgap.training._art import art
+from coordgap.training.grpo import UpdateStats
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from coordgap.config import ModelSpec, TrainingRunConfig
+
+# ART's LocalBackend serves with this key (model.inference_api_key); the openai backend reads
+# keys from the environment by name.
+API_KEY_ENV = "COORDGAP_ART_API_KEY"
+PROJECT = "coordgap"
+
+
+class ArtBackendUnavailable(RuntimeError):
+    """ART's LocalBackend cannot run on this machine; the message says what is missing."""
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks for ART's LocalBackend (empty when it has everything)."""
+    missing = []
+    if not torch.cuda.is_available():
+        missing.append("a CUDA GPU")
+    if importlib.util.find_spec("unsloth") is None or importlib.util.find_spec("trl") is None:
+        missing.append("ART's backend extra (unsloth, trl)")
+    if shutil.which("uv") is None:
+        missing.append("the uv binary on PATH (ART builds its vLLM runtime with it)")
+    return missing
+
+
+def check_requirements(run: TrainingRunConfig) -> None:
+    """Stop before anything starts when ART's LocalBackend cannot run here.
+
+    Args:
+        run: The training run (named in the message).
+
+    Raises:
+        ArtBackendUnavailable: Naming every missing requirement and how to get it.
+    """
+    missing = missing_requirements()
+    if missing:
+        raise ArtBackendUnavailable(
+            f"training run '{run.name}' uses trainer: art (OpenPipe ART's LocalBackend), which "
+            f"needs {', '.join(missing)}. On a machine with an NVIDIA GPU, install "
+            "'openpipe-art[backend]==0.5.18' (it pins torch 2.10 and transformers 5.2: use an "
+            "environment of its own) and uv; the first run needs network access to build ART's "
+            "vLLM runtime. Without a GPU, set trainer: torch, which optimises the same "
+            "objective with ART's own preprocessing and loss."
+        )
+
+
+def internal_config(run: TrainingRunConfig) -> dict[str, Any]:
+    """``art.TrainableModel._internal_config`` for a run.
+
+    The run's ``art_internal_config`` is the starting point; the LoRA shape, the optimizer
+    settings and Qwen3's thinking switch are set from the run, so the recipe means the same
+    under both trainers.
+
+    Args:
+        run: The training run.
+
+    Returns:
+        The internal config dict.
+    """
+    config = copy.deepcopy(run.art_internal_config)
+    config.setdefault("peft_args", {}).update(
+        r=run.lora.rank,
+        lora_alpha=run.lora.alpha,
+        lora_dropout=run.lora.dropout,
+        target_modules=list(run.lora.target_modules),
+    )
+    config.setdefault("trainer_args", {}).update(
+        adam_beta1=run.optimizer.beta1,
+        adam_beta2=run.optimizer.beta2,
+        weight_decay=run.optimizer.weight_decay,
+        max_grad_norm=run.optimizer.max_grad_norm,
+    )
+    # ART does not set vLLM's LoRA rank limit itself (reference/art-grpo.md §2.1).
+    engine = config.setdefault("engine_args", {})
+    engine["max_lora_rank"] = max(engine.get("max_lora_rank", 0), run.lora.rank)
+    config.setdefault("chat_template_kwargs", {}).setdefault("enable_thinking", False)
+    return config
+
+
+def train_arguments(run: TrainingRunConfig) -> dict[str, Any]:
+    """The keyword arguments of ``backend.train`` for a run (ART's defaults where unset)."""
+    arguments: dict[str, Any] = {"learning_rate": run.learning_rate, "loss_fn": run.loss}
+    if run.epsilon is not None:
+        arguments["epsilon"] = run.epsilon
+    if run.epsilon_high is not None:
+        arguments["epsilon_high"] = run.epsilon_high
+    return arguments
+
+
+class ArtTrainer:
+    """A run trained by ART's LocalBackend (see the module docstring).
+
+    Args:
+        run: The training run.
+        base: The base model's entry (its decoding settings shape the rollouts' requests).
+        weights: The base model's prepared folder, which ART loads as its base model.
+        work: A folder of its own for ART's models, checkpoints and logs (kept for resume).
+        start: The checkpoint to continue from (0 for a new run); ART's later ones go.
+
+    Raises:
+        ArtBackendUnavailable: On a machine without a CUDA GPU or ART's backend extra.
+    """
+
+    def __init__(
+        self, run: TrainingRunConfig, base: ModelSpec, weights: Path, work: Path, start: int
+    ) -> None:
+        check_requirements(run)
+        from art.local import LocalBackend
+
+        self.run = run
+        self._base = base.entry
+        self._backend = LocalBackend(path=str(work.resolve()))
+        self._model = art.TrainableModel(
+            name=run.name,
+            project=PROJECT,
+            base_model=str(weights.resolve()),
+            _internal_config=internal_config(run),
+        )
+        checkpoints = work / PROJECT / "models" / run.name / "checkpoints"
+        for folder in checkpoints.glob("[0-9]*"):
+            if int(folder.name) > start:
+                shutil.rmtree(folder)
+        self._checkpoints = checkpoints
+        self._step = start
+
+    async def start(self) -> None:
+        """Register the model: ART starts vLLM and writes checkpoint 0 (B = 0) if it is new."""
+        await self._model.register(self._backend)
+
+    def sampler(self) -> OpenAICompatible:
+        """The current checkpoint behind ART's vLLM server, as an ``openai`` backend."""
+        os.environ[API_KEY_ENV] = self._model.inference_api_key or "default"
+        return OpenAICompatible(
+            provider="openai",
+            base_url=self._model.inference_base_url,
+            model=self._model.get_inference_name(step=self._step),
+            api_key_env=API_KEY_ENV,
+            temperature=self.run.temperature,
+            top_p=1.0,
+            max_tokens=self._base["max_new_tokens"],
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            tool_choice="auto",
+            timeout_s=1200.0,
+            max_retries=3,
+            backoff_base_s=1.0,
+            backoff_max_s=30.0,
+            max_in_flight=self.run.max_in_flight,
+            episodes_per_cell=None,
+            record_transcripts=True,
+        )
+
+    async def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
+        """One ``backend.train`` call: one new checkpoint."""
+        result = await self._backend.train(self._model, groups, **train_arguments(self.run))
+        self._step = result.step
+        metrics = result.metrics
+        return UpdateStats(
+            groups=len(groups),
+            groups_trainable=int(metrics.get("data/step_num_groups_trainable", len(groups))),
+            trajectories=sum(len(group.trajectories) for group in groups),
+            rows=int(metrics.get("data/step_num_sequences", 0)),
+            tokens=int(metrics.get("data/step_num_tokens", 0)),
+            trained_tokens=int(metrics.get("data/step_num_trainable_tokens", 0)),
+            loss=float(metrics.get("loss/train", float("nan"))),
+            grad_norm=float(metrics.get("loss/grad_norm", float("nan"))),
+            ratio_log_mean=float("nan"),
+            ratio_log_first=float("nan"),
+            seconds=float(metrics.get("time/step_trainer_s", float("nan"))),
+        )
+
+    def save(self, folder: Path) -> None:
+        """Copy ART's checkpoint of the current step (its PEFT adapter) into ``folder``."""
+        source = self._checkpoints / f"{self._step:04d}"
+        folder.mkdir(parents=True)
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            shutil.copy2(source / name, folder / name)
+
+    def save_optimizer(self, path: Path) -> None:
+        """Record that ART keeps no optimizer state a resumed run could continue from."""
+        path.write_text(json.dumps({"optimizer": "not saved by ART 0.5.18 (OpenPipe/ART#72)"}))

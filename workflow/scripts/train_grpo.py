@@ -1,0 +1,22 @@
+"""Adapter of rule train_grpo: train one GRPO run, resuming a killed one."""
+
+from pathlib import Path
+
+from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
+from coordgap.env.observation import PromptTemplates
+from coordgap.logs import job_log
+from coordgap.training.loop import RunOutputs, train_run
+
+with job_log(snakemake.log[0], "train_grpo") as log:
+    run = TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run)
+    log.info("run %s: %s trainer, %d steps", run.name, run.trainer, run.steps)
+    train_run(
+        run=run,
+        base=ModelSpec.from_dict(run.base_model, snakemake.params.base),
+        weights=Path(snakemake.input.weights),
+        env=EnvironmentConfig.from_dict(snakemake.params.environment),
+        templates=PromptTemplates.load(snakemake.input.prompts),
+        base_seed=snakemake.params.seed,
+        first_scenario=snakemake.params.first_scenario,
+        outputs=RunOutputs(Path(snakemake.output.history).parent, run.steps),
+    )
