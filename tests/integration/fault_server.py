@@ -145,6 +145,8 @@ class FaultServer:
             raise ValueError("the script needs at least one behaviour")
         self.requests: list[RecordedRequest] = []
         self._script = list(script)
+        # Requests answered from the current script (restart begins a new one).
+        self._served = 0
         self._lock = threading.Lock()
         # Set on shutdown so that delayed answers (hang) stop waiting at once.
         self._stopping = threading.Event()
@@ -180,11 +182,23 @@ class FaultServer:
         self._http.server_close()
         self._thread.join()
 
+    def restart(self, script: Sequence[Behaviour]) -> None:
+        """Answer from the next request on with ``script``, from its first behaviour.
+
+        The recorded requests are kept; requests already waiting (a hang) keep their answer.
+        """
+        if not script:
+            raise ValueError("the script needs at least one behaviour")
+        with self._lock:
+            self._script = list(script)
+            self._served = 0
+
     def _next(self, request: RecordedRequest) -> Behaviour:
         """Record ``request`` and return the behaviour that answers it."""
         with self._lock:
             self.requests.append(request)
-            return self._script[min(len(self.requests), len(self._script)) - 1]
+            self._served += 1
+            return self._script[min(self._served, len(self._script)) - 1]
 
 
 class _HTTPServer(ThreadingHTTPServer):
