@@ -126,8 +126,7 @@ def preemptible(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[Gu
     try:
         yield guard
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
 
 
 def run(main: Coroutine[Any, Any, T], signals: Sequence[signal.Signals] = STOP_SIGNALS) -> T:
@@ -148,8 +147,15 @@ def run(main: Coroutine[Any, Any, T], signals: Sequence[signal.Signals] = STOP_S
         return asyncio.run(_cancelled_by(main, signals))
     finally:
         # The loop's remove_signal_handler resets to the defaults, not to what was there.
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
+
+
+def _restore(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back the handlers that were installed before ours."""
+    for sig, handler in handlers.items():
+        # None: a handler installed from C, which Python cannot reinstall; the default is the
+        # nearest it can do.
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 async def _cancelled_by(main: Coroutine[Any, Any, T], signals: Sequence[signal.Signals]) -> T:

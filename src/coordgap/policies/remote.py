@@ -191,7 +191,7 @@ class OpenAICompatible:
                     # from None: the SDK's message may quote the refused key, and a traceback
                     # prints the context of an exception unless it is suppressed.
                     raise EndpointAuthError(
-                        failure.status or 401, self._endpoint, self.api_key_env
+                        failure.status, self._endpoint, self.api_key_env
                     ) from None
                 if failure.retryable and attempt < self.max_retries:
                     attempt += 1

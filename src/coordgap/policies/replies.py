@@ -86,17 +86,18 @@ class EndpointAuthError(RuntimeError):
     The message names the environment variable and the endpoint, never the key.
 
     Args:
-        status: The HTTP status.
+        status: The HTTP status; None when a provider's error carried none.
         endpoint: The base URL, or a description of the provider's default endpoint.
         env_var: The variable the key was read from; None for a keyless model.
     """
 
-    def __init__(self, status: int, endpoint: str, env_var: str | None) -> None:
+    def __init__(self, status: int | None, endpoint: str, env_var: str | None) -> None:
         if env_var is None:
             advice = "the model sets no api_key_env: name the variable that holds its key"
         else:
             advice = f"check the API key in environment variable {env_var}"
-        super().__init__(f"{endpoint} refused the request with HTTP {status}: {advice}")
+        refused = f"{endpoint} refused the request" + (f" with HTTP {status}" if status else "")
+        super().__init__(f"{refused}: {advice}")
         self.status = status
         self.endpoint = endpoint
         self.env_var = env_var
