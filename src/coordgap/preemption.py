@@ -38,13 +38,15 @@ Two forms, for the two kinds of loop:
   ``Preempted`` is raised. ``run`` may be called inside ``preemptible()``: its handlers replace
   the outer ones while the loop runs and give them back after.
 
-Both install their handlers only in the main thread, and restore the previous ones on exit.
+Both restore the previous handlers on exit. Python runs signal handlers in the main thread
+only, so in another thread (a Snakemake ``run:`` block) both install nothing and stop nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,7 +124,7 @@ def preemptible(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[Gu
             ``deferred()`` block that held it.
     """
     guard = Guard()
-    previous = {sig: signal.signal(sig, guard._on_signal) for sig in signals}
+    previous = {sig: signal.signal(sig, guard._on_signal) for sig in _installable(signals)}
     try:
         yield guard
     finally:
@@ -142,12 +144,18 @@ def run(main: Coroutine[Any, Any, T], signals: Sequence[signal.Signals] = STOP_S
     Raises:
         Preempted: After ``main`` unwound from the cancellation a signal caused.
     """
+    signals = _installable(signals)
     previous = {sig: signal.getsignal(sig) for sig in signals}
     try:
         return asyncio.run(_cancelled_by(main, signals))
     finally:
         # The loop's remove_signal_handler resets to the defaults, not to what was there.
         _restore(previous)
+
+
+def _installable(signals: Sequence[signal.Signals]) -> Sequence[signal.Signals]:
+    """``signals`` in the main thread; none elsewhere, where no handler can be installed."""
+    return signals if threading.current_thread() is threading.main_thread() else ()
 
 
 def _restore(handlers: dict[signal.Signals, Any]) -> None:

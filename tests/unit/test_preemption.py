@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -95,6 +96,19 @@ def test_run_returns_what_the_coroutine_returns() -> None:
         return 7
 
     assert preemption.run(job()) == 7
+
+
+def test_outside_the_main_thread_the_guards_install_nothing() -> None:
+    async def job() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    def in_a_thread() -> int:
+        with preemptible():
+            return preemption.run(job())
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(in_a_thread).result() == 7
 
 
 def test_run_inside_preemptible_gives_the_outer_handlers_back() -> None:
