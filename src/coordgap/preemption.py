@@ -25,8 +25,8 @@ Two forms, for the two kinds of loop:
 
       with preemptible() as guard:
           for step in range(first, steps):
-              batch = rollouts(step)               # a signal here abandons the step
-              loss = train_step(model, batch)
+              batch = run(play_rollouts(step))     # async rollouts: see run() below
+              loss = train_step(model, batch)      # a signal here abandons the step
               with guard.deferred():               # ...but never cuts a checkpoint in half
                   save_checkpoint(step)
 
