@@ -5,7 +5,9 @@ rule generate_episodes:
     input:
         unpack(model_weights),
         prompts="config/prompts",
-        code=src_files("env", "agents", "policies", "episodes.py", "data.py", "config.py"),
+        code=src_files(
+            "env", "agents", "policies", "episodes.py", "data.py", "config.py", "preemption.py"
+        ),
     output:
         episodes="results/episodes/{model}/n{size}.parquet",
         steps="results/episodes/{model}/n{size}.steps.parquet",

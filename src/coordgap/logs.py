@@ -6,6 +6,8 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from coordgap.preemption import Preempted
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
@@ -15,7 +17,9 @@ if TYPE_CHECKING:
 def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     """Send the job's log records to ``path`` and record any exception before it propagates.
 
-    Snakemake keeps a failed job's log, so the traceback is where the user looks first.
+    Snakemake keeps a failed job's log, so the traceback is where the user looks first. A job
+    stopped by a signal (``coordgap.preemption.Preempted``) is no error to debug: it gets one
+    line and exits with 128 + the signal number.
 
     Args:
         path: The rule's ``log:`` file.
@@ -23,6 +27,9 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
 
     Yields:
         The job's logger.
+
+    Raises:
+        SystemExit: The job was preempted; its code is the signal's exit status.
     """
     handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -32,6 +39,9 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     logger = logging.getLogger(job)
     try:
         yield logger
+    except Preempted as stop:
+        logger.warning("%s", stop)
+        raise SystemExit(stop.exit_code) from None
     except BaseException:
         logger.exception("job failed")
         raise

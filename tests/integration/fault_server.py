@@ -40,6 +40,10 @@ class Behaviour:
         delay_s: Seconds to wait before answering.
         retry_after: The Retry-After header of an error answer.
         echo_key: Quote the presented API key in the error message, as OpenAI's 401 does.
+        body: Bytes sent as they are, with ``status``, instead of a scripted JSON answer.
+        headers: Extra headers of a ``body`` answer (Content-Type, Content-Encoding, ...).
+        cut_after: Send only this many bytes of ``body`` (its full length declared), then
+            close the connection: a reply cut off in transit.
     """
 
     status: int = 200
@@ -48,6 +52,9 @@ class Behaviour:
     delay_s: float = 0.0
     retry_after: str | None = None
     echo_key: bool = False
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
+    cut_after: int | None = None
 
 
 def ok(name: str, arguments: str = "{}", delay_s: float = 0.0) -> Behaviour:
@@ -90,6 +97,29 @@ def unauthorized() -> Behaviour:
     return Behaviour(status=401, echo_key=True)
 
 
+def raw(
+    body: bytes,
+    status: int = 200,
+    content_type: str = "application/json",
+    cut_after: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Behaviour:
+    """Any bytes with any status: the replies of proxies, gateways and broken servers."""
+    pairs = (("Content-Type", content_type), *(headers or {}).items())
+    return Behaviour(status=status, body=body, headers=pairs, cut_after=cut_after)
+
+
+def proxy_error_page() -> Behaviour:
+    """HTTP 200 with an HTML error page, as a proxy in front of an overloaded server sends."""
+    page = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
+    return raw(page, content_type="text/html")
+
+
+def no_choices() -> Behaviour:
+    """HTTP 200 with a chat completion whose ``choices`` list is empty."""
+    return raw(json.dumps(completion_body("fault", choices=[])).encode())
+
+
 def hang(seconds: float = 30.0) -> Behaviour:
     """Answer only after ``seconds``, past any sensible client timeout."""
     return ok("think", delay_s=seconds)
@@ -115,6 +145,8 @@ class FaultServer:
             raise ValueError("the script needs at least one behaviour")
         self.requests: list[RecordedRequest] = []
         self._script = list(script)
+        # Requests answered from the current script (restart begins a new one).
+        self._served = 0
         self._lock = threading.Lock()
         # Set on shutdown so that delayed answers (hang) stop waiting at once.
         self._stopping = threading.Event()
@@ -150,11 +182,23 @@ class FaultServer:
         self._http.server_close()
         self._thread.join()
 
+    def restart(self, script: Sequence[Behaviour]) -> None:
+        """Answer from the next request on with ``script``, from its first behaviour.
+
+        The recorded requests are kept; requests already waiting (a hang) keep their answer.
+        """
+        if not script:
+            raise ValueError("the script needs at least one behaviour")
+        with self._lock:
+            self._script = list(script)
+            self._served = 0
+
     def _next(self, request: RecordedRequest) -> Behaviour:
         """Record ``request`` and return the behaviour that answers it."""
         with self._lock:
             self.requests.append(request)
-            return self._script[min(len(self.requests), len(self._script)) - 1]
+            self._served += 1
+            return self._script[min(self._served, len(self._script)) - 1]
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -179,7 +223,11 @@ class _Handler(BaseHTTPRequestHandler):
         behaviour = fault._next(RecordedRequest(dict(self.headers.items()), body))
         if behaviour.delay_s and fault._stopping.wait(behaviour.delay_s):
             return
-        if behaviour.status != 200:
+        if behaviour.body is not None:
+            self._send_bytes(
+                behaviour.status, behaviour.body, behaviour.headers, behaviour.cut_after
+            )
+        elif behaviour.status != 200:
             self._send_error(behaviour)
         else:
             self._send(200, _completion(behaviour, body.get("model", "fault")))
@@ -197,42 +245,65 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(
         self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
-        data = json.dumps(payload).encode()
+        pairs = (("Content-Type", "application/json"), *(headers or {}).items())
+        self._send_bytes(status, json.dumps(payload).encode(), pairs)
+
+    def _send_bytes(
+        self,
+        status: int,
+        data: bytes,
+        headers: Sequence[tuple[str, str]],
+        cut_after: int | None = None,
+    ) -> None:
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
+            for name, value in headers:
                 self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            self.wfile.write(data[:cut_after])
         except OSError:
             # The client gave up (its timeout) and closed the connection: nothing to answer.
             self.close_connection = True
+        if cut_after is not None:
+            self.close_connection = True
 
 
-def _completion(behaviour: Behaviour, model: str) -> dict[str, Any]:
-    """Return the OpenAI chat-completion body of a 200 behaviour."""
-    message: dict[str, Any] = {"role": "assistant", "content": behaviour.content}
-    if behaviour.calls:
+def message_body(content: str | None, calls: Sequence[tuple[object, object]]) -> dict[str, Any]:
+    """An assistant message with ``content`` and ``(name, arguments)`` calls, as JSON values.
+
+    A well-formed call has a string name and its arguments as JSON text; other values make
+    the malformed calls of broken servers.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
         message["tool_calls"] = [
             {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
-            for i, (name, args) in enumerate(behaviour.calls)
+            for i, (name, args) in enumerate(calls)
         ]
+    return message
+
+
+def completion_body(model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """An OpenAI chat-completion body with the given ``choices`` and fixed usage."""
     return {
         "id": "chatcmpl-fault",
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if behaviour.calls else "stop",
-            }
-        ],
+        "choices": choices,
         "usage": USAGE,
     }
+
+
+def _completion(behaviour: Behaviour, model: str) -> dict[str, Any]:
+    """Return the OpenAI chat-completion body of a 200 behaviour."""
+    choice = {
+        "index": 0,
+        "message": message_body(behaviour.content, behaviour.calls),
+        "finish_reason": "tool_calls" if behaviour.calls else "stop",
+    }
+    return completion_body(model, [choice])
 
 
 def main() -> None:

@@ -1,12 +1,16 @@
 """Whole episodes against a misbehaving OpenAI-compatible server, through the real pipeline.
 
 The server answers with a rotating mix of valid calls, prose, empty replies, two calls,
-hallucinated tools, invalid JSON arguments, 429 with Retry-After, 500s and hangs past the
-client timeout. Every episode must complete or be marked ``error``; no malformed reply may be
-counted as an action; and the API key must appear in no output and no log.
+hallucinated tools, invalid JSON arguments, 429 with Retry-After, 500s, hangs past the client
+timeout, a proxy's HTML error page and a completion without choices. Every episode must
+complete or be marked ``error``; no malformed reply may be counted as an action; and the API
+key must appear in no output and no log. A refused key stops its own cell at once, and the
+other cells go on (the default profile's ``keep-going``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pytest
@@ -19,11 +23,17 @@ from tests.integration.fault_server import (
     empty,
     failing,
     hang,
+    no_choices,
     ok,
+    proxy_error_page,
     rate_limited,
     text_only,
     two_calls,
+    unauthorized,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,10 +53,13 @@ ROTATION = [
     hang(3.0),
     ok("think"),
     ok("put_down_left", '{"fork": 1}'),
+    proxy_error_page(),
+    no_choices(),
 ]
 
 
-def _config(tiny_config: dict, base_url: str) -> dict:
+def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
+    """One ``faulty`` openai model at N=3; ``settings`` override its entry."""
     config = dict(tiny_config)
     config["models"] = {
         "faulty": {
@@ -67,10 +80,41 @@ def _config(tiny_config: dict, base_url: str) -> dict:
             "max_in_flight": 2,
             "episodes_per_cell": 6,
         }
+        | settings
     }
     config["experiment"] = {"sizes": [3], "episodes_per_cell": 6}
     config["analysis"] = {**tiny_config["analysis"], "comparisons": []}
     return config
+
+
+def _assert_steps_agree(episodes: pl.DataFrame, steps: pl.DataFrame) -> None:
+    """Each episode's counts are its steps' counts, and only transport errors make ``error``."""
+    per_episode = steps.group_by("episode").agg(
+        decisions=pl.len(),
+        no_call=(pl.col("outcome") == "no_call").sum(),
+        transport=(pl.col("reason") == "transport_error").sum(),
+    )
+    checked = episodes.join(per_episode, on="episode", suffix="_steps")
+    assert checked.height == episodes.height
+    assert (checked["decisions"] == checked["decisions_steps"]).all()
+    assert (checked["no_call"] == checked["no_call_steps"]).all()
+    assert (checked["actions"] + checked["no_call"] == checked["decisions"]).all()
+    # An episode with a transport failure is marked error, and only such episodes are.
+    assert ((checked["transport"] > 0) == (checked["status"] == "error")).all()
+
+
+def _assert_secret_nowhere(project: Path, *texts: str) -> None:
+    """The key is in no file of the project, no string column of a table and no text given."""
+    for text in texts:
+        assert SECRET not in text
+    for path in project.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    for path in project.rglob("*.parquet"):
+        frame = pl.read_parquet(path)
+        for column in frame.columns:
+            if frame[column].dtype == pl.String:
+                assert not frame[column].str.contains(SECRET, literal=True).any(), (path, column)
 
 
 def test_faulty_server_episodes_complete_or_fail_and_never_leak_the_key(
@@ -101,27 +145,73 @@ def test_faulty_server_episodes_complete_or_fail_and_never_leak_the_key(
         silent["reason"]
     )
 
-    per_episode = steps.group_by("episode").agg(
-        decisions=pl.len(),
-        no_call=(pl.col("outcome") == "no_call").sum(),
-        transport=(pl.col("reason") == "transport_error").sum(),
-    )
-    checked = episodes.join(per_episode, on="episode", suffix="_steps")
-    assert (checked["decisions"] == checked["decisions_steps"]).all()
-    assert (checked["no_call"] == checked["no_call_steps"]).all()
-    assert (checked["actions"] + checked["no_call"] == checked["decisions"]).all()
-    # An episode with a transport failure is marked error, and only such episodes are.
-    assert ((checked["transport"] > 0) == (checked["status"] == "error")).all()
+    _assert_steps_agree(episodes, steps)
+    # Every behaviour of the rotation was served, the two malformed replies included.
+    assert len(server.requests) > len(ROTATION)
 
     summary = pl.read_csv(project / "results/stats/summary.csv")
     assert summary["errors"].item() == (episodes["status"] == "error").sum()
     assert summary["episodes"].item() == (episodes["status"] == "ok").sum()
 
-    for path in project.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
-    for path in project.rglob("*.parquet"):
-        frame = pl.read_parquet(path)
-        for column in frame.columns:
-            if frame[column].dtype == pl.String:
-                assert not frame[column].str.contains(SECRET, literal=True).any(), (path, column)
+    _assert_secret_nowhere(project)
+
+
+def test_proxy_pages_and_empty_choices_are_error_episodes_not_a_crash(
+    tmp_path, tiny_config, monkeypatch
+):
+    # The two replies that crashed the job before the boundary checked replies, alternating
+    # with valid calls; no retries, so each decision meets exactly one of them.
+    monkeypatch.setenv(KEY_VARIABLE, SECRET)
+    script = [proxy_error_page(), ok("think"), no_choices(), ok("think")] * 100
+    with FaultServer(script) as server:
+        config = _config(tiny_config, server.base_url, max_retries=0)
+        project = copy_workflow(tmp_path / "project", config)
+        run(project, "snakemake", "--cores", "1", "results/episodes/faulty/n3.parquet")
+
+    folder = project / "results/episodes/faulty"
+    episodes = pl.read_parquet(folder / "n3.parquet")
+    steps = pl.read_parquet(folder / "n3.steps.parquet")
+    assert episodes["episode"].to_list() == list(range(6))
+    assert set(episodes["status"]) == {"error"}
+    _assert_steps_agree(episodes, steps)
+    failures = steps.filter(pl.col("reason") == "transport_error")
+    assert set(failures["raw"]) == {
+        "MalformedReply (HTTP 200: body is not JSON)",
+        "MalformedReply (HTTP 200: no choices)",
+    }
+    assert set(steps.filter(pl.col("outcome") != "no_call")["tool"]) == {"think"}
+    _assert_secret_nowhere(project)
+
+
+def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
+    tmp_path, tiny_config, monkeypatch
+):
+    monkeypatch.setenv(KEY_VARIABLE, SECRET)
+    with FaultServer([unauthorized()]) as server:
+        config = _config(tiny_config, server.base_url, timeout_s=5.0, max_retries=3)
+        config["models"]["silent"] = {"kind": "scripted", "policy": "silent"}
+        project = copy_workflow(tmp_path / "project", config)
+        # The refused cell first: without keep-going, the silent cell would never start.
+        result = run(
+            project,
+            "snakemake",
+            "--cores",
+            "1",
+            "episodes",
+            "--prioritize",
+            "results/episodes/faulty/n3.parquet",
+            check=False,
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    # One round of concurrent calls at most (2 episodes in flight x 3 philosophers), none
+    # retried, and no episode played after the refusal.
+    assert 1 <= len(server.requests) <= 2 * 3
+    assert not (project / "results/episodes/faulty/n3.parquet").exists()
+    assert pl.read_parquet(project / "results/episodes/silent/n3.parquet").height == 6
+    # The failure is reported with its log, which names the variable and the endpoint.
+    log = (project / "logs/generate_episodes/faulty/n3.log").read_text()
+    for text in (log, output):
+        assert f"check the API key in environment variable {KEY_VARIABLE}" in text
+        assert f"{server.base_url} refused the request with HTTP 401" in text
+    _assert_secret_nowhere(project, output)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import gzip
+import json
 import logging
 import re
 import sys
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -15,15 +18,21 @@ import pytest
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.remote import KEYLESS_PLACEHOLDER, MissingAPIKeyError, OpenAICompatible
+from coordgap.policies.replies import MAX_REPLY_BYTES, EndpointAuthError
 from tests.integration.fault_server import (
     Behaviour,
     FaultServer,
+    completion_body,
     empty,
     failing,
     fixed_latency,
     hang,
+    message_body,
+    no_choices,
     ok,
+    proxy_error_page,
     rate_limited,
+    raw,
     text_only,
     two_calls,
     unauthorized,
@@ -95,6 +104,145 @@ def test_arguments_that_are_json_but_no_object_are_bad_arguments() -> None:
     (decision,), _, _, _ = play([ok("eat", "[1]")])
     assert (decision.tool, decision.no_call_reason) == (None, NoCallReason.BAD_ARGUMENTS)
     assert "[1]" in decision.raw
+
+
+def _reply(message: Any, **fields: Any) -> bytes:
+    """A 200 body: one choice holding ``message``, with ``fields`` set at the top level."""
+    body = completion_body("fault-model", [{"index": 0, "message": message}])
+    return json.dumps(body | fields).encode()
+
+
+VALID_MESSAGE = message_body(None, [("eat", "{}")])
+LONE_SURROGATE = b'{"choices": [{"message": {"role": "assistant", "content": "\\ud800"}}]}'
+# Each reply that is no chat completion, with the check it fails. Before the boundary's checks,
+# the first two crashed the job (LangChain: ValueError on the page, IndexError on no choices).
+MALFORMED = {
+    "proxy-error-page": (proxy_error_page(), "body is not JSON"),
+    "empty-choices": (no_choices(), "no choices"),
+    "no-choices-key": (raw(b'{"id": "x", "object": "chat.completion"}'), "no choices"),
+    "message-null": (raw(_reply(None)), "no message in the first choice"),
+    "message-no-role": (raw(_reply({"content": "hi"})), "message role is not 'assistant'"),
+    "content-parts": (
+        raw(_reply({"role": "assistant", "content": [{"type": "text", "text": "hi"}]})),
+        "message content is neither text nor null",
+    ),
+    "tool-calls-text": (
+        raw(_reply({"role": "assistant", "tool_calls": "eat"})),
+        "tool_calls is not a list",
+    ),
+    "tool-call-no-function": (
+        raw(_reply({"role": "assistant", "tool_calls": [{"id": "c", "function": None}]})),
+        "a tool call has no function object",
+    ),
+    "arguments-number": (
+        raw(_reply(message_body(None, [("eat", 5)]))),
+        "non-text tool-call arguments",
+    ),
+    "arguments-object": (
+        raw(_reply(message_body(None, [("eat", {})]))),
+        "non-text tool-call arguments",
+    ),
+    "name-number": (
+        raw(_reply(message_body(None, [(7, "{}")]))),
+        "non-text tool-call name",
+    ),
+    "not-utf8": (raw(b'{"choices": [{"message": {"content": "\xff"}}]}'), "body is not UTF-8"),
+    "lone-surrogate": (raw(LONE_SURROGATE), "message content is neither text nor null"),
+    "truncated-json": (raw(_reply(VALID_MESSAGE)[:40]), "body is not JSON"),
+    "json-array": (raw(b"[]"), "body is not a JSON object"),
+    "usage-text": (raw(_reply(VALID_MESSAGE, usage="many")), "usage is not an object"),
+    "usage-negative": (
+        raw(_reply(VALID_MESSAGE, usage={"prompt_tokens": -1})),
+        "usage.prompt_tokens is not a non-negative integer",
+    ),
+    "error-in-200": (
+        raw(json.dumps({"error": {"message": "overloaded"}}).encode()),
+        "error object in a successful reply",
+    ),
+    "no-content-204": (raw(b"", status=204), "body is not JSON"),
+    "oversized": (raw(b" " * (MAX_REPLY_BYTES + 1)), f"body over {MAX_REPLY_BYTES} bytes"),
+    "gzip-bomb": (
+        raw(gzip.compress(b" " * (4 * MAX_REPLY_BYTES)), headers={"Content-Encoding": "gzip"}),
+        f"body over {MAX_REPLY_BYTES} bytes",
+    ),
+}
+
+
+@pytest.mark.parametrize(("behaviour", "check"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_reply_that_is_no_chat_completion_is_retried_then_a_transport_error(
+    behaviour: Behaviour, check: str
+) -> None:
+    (decision,), server, model, _ = play([behaviour])
+    assert (decision.tool, decision.no_call_reason) == (None, NoCallReason.TRANSPORT_ERROR)
+    assert decision.raw == f"MalformedReply (HTTP {behaviour.status}: {check})"
+    assert len(server.requests) == FAST["max_retries"] + 1
+    assert (model.stats.retries, model.stats.transport_errors) == (FAST["max_retries"], 1)
+
+
+def test_a_proxy_page_then_a_reply_is_a_decision_after_a_retry() -> None:
+    (decision,), server, model, _ = play([proxy_error_page(), no_choices(), ok("eat")])
+    assert decision.tool is Tool.EAT
+    assert model.stats.retries == 2
+    assert len(server.requests) == 3
+
+
+def test_a_reply_cut_off_in_transit_is_a_lost_connection() -> None:
+    (decision,), server, _, _ = play([raw(_reply(VALID_MESSAGE), cut_after=30)])
+    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
+    assert decision.raw.endswith("ConnectionError")
+    assert len(server.requests) == FAST["max_retries"] + 1
+
+
+def test_fields_the_backend_does_not_read_never_reach_langchain() -> None:
+    # Each of these crashes langchain-openai when it reads them; the canonical copy leaves
+    # them out, so the reply is the valid call it carries.
+    odd = {
+        "role": "assistant",
+        "content": None,
+        "function_call": 5,
+        "audio": "x",
+        "tool_calls": [{"id": "c", "type": 3, "function": {"name": "eat", "arguments": "{}"}}],
+    }
+    body = json.loads(_reply(odd, service_tier=[1], system_fingerprint={}))
+    body["usage"] = {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": 9}
+    body["choices"].append("not a choice")
+    (decision,), _, _, _ = play([raw(json.dumps(body).encode())])
+    assert decision.tool is Tool.EAT
+    assert (decision.tokens_in, decision.tokens_out) == (3, 2)
+
+
+@pytest.mark.parametrize("arguments", [None, ""], ids=["null", "empty"])
+def test_null_or_empty_arguments_are_no_arguments(arguments: str | None) -> None:
+    # LangChain reads them as {}: what a tool without parameters takes.
+    (decision,), _, _, _ = play([raw(_reply(message_body(None, [("think", arguments)])))])
+    assert decision.tool is Tool.THINK
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_stops_naming_the_variable_and_endpoint_never_the_key(
+    status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-coordgap-test-0b7d5e1f93"
+    monkeypatch.setenv("COORDGAP_TEST_KEY", secret)
+    with FaultServer([Behaviour(status=status, echo_key=True), ok("eat")]) as server:
+        model = backend(server, api_key_env="COORDGAP_TEST_KEY")
+        with pytest.raises(EndpointAuthError) as caught:
+            asyncio.run(model.decide(MESSAGES, TOOLS6, 0))
+    # Not retried: a refused key stays refused.
+    assert len(server.requests) == 1
+    message = str(caught.value)
+    assert "COORDGAP_TEST_KEY" in message
+    assert server.base_url in message
+    assert f"HTTP {status}" in message
+    # The server's message quoted the key; the traceback a job log shows must not.
+    assert secret not in "".join(traceback.format_exception(caught.value))
+
+
+def test_a_refused_keyless_request_says_to_configure_a_key() -> None:
+    with FaultServer([unauthorized()]) as server:
+        model = backend(server)
+        with pytest.raises(EndpointAuthError, match="sets no api_key_env"):
+            asyncio.run(model.decide(MESSAGES, TOOLS6, 0))
 
 
 def test_a_valid_call_records_usage_raw_and_latency() -> None:
@@ -172,7 +320,7 @@ def test_persistent_5xx_ends_as_a_transport_error_naming_class_and_status() -> N
     assert (model.stats.retries, model.stats.transport_errors) == (3, 1)
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+@pytest.mark.parametrize("status", [400, 404, 422])
 def test_a_client_error_is_not_retried(status: int) -> None:
     (decision,), server, model, _ = play([failing(status), ok("eat")])
     assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
@@ -298,7 +446,6 @@ def test_the_key_reaches_the_server_and_nothing_else(
         caplog.set_level(logging.DEBUG, logger=name)
     script = [
         ok("eat"),
-        unauthorized(),
         failing(500),
         failing(500),
         failing(500),
@@ -306,24 +453,29 @@ def test_the_key_reaches_the_server_and_nothing_else(
         text_only(),
         ok("eat", "{bad"),
         ok("eat", "[1]"),
+        proxy_error_page(),
         hang(30.0),
         ok("eat"),
+        # The last behaviour repeats: every call after the ones above meets a 401 quoting the key.
+        unauthorized(),
     ]
     errors: list[BaseException] = []
     with FaultServer(script) as server:
         model = backend(server, api_key_env="COORDGAP_TEST_KEY", timeout_s=0.3)
+        refusing_choice = OpenAICompatible(
+            model="m",
+            base_url=server.base_url,
+            api_key_env="COORDGAP_TEST_KEY",
+            tool_choice="release",
+        )
 
         async def run() -> list[Decision]:
-            decisions = [await model.decide(MESSAGES, TOOLS6, seed) for seed in range(8)]
-            try:
-                await OpenAICompatible(
-                    model="m",
-                    base_url=server.base_url,
-                    api_key_env="COORDGAP_TEST_KEY",
-                    tool_choice="release",
-                ).decide(MESSAGES, TOOLS6, 0)
-            except ValueError as error:
-                errors.append(error)
+            decisions = [await model.decide(MESSAGES, TOOLS6, seed) for seed in range(6)]
+            for failing_call in (model, refusing_choice):
+                try:
+                    await failing_call.decide(MESSAGES, TOOLS6, 6)
+                except (EndpointAuthError, ValueError) as error:
+                    errors.append(error)
             return decisions
 
         decisions = asyncio.run(run())
@@ -333,7 +485,7 @@ def test_the_key_reaches_the_server_and_nothing_else(
     reasons = {decision.no_call_reason for decision in decisions}
     assert NoCallReason.TRANSPORT_ERROR in reasons
     assert None in reasons
-    assert errors
+    assert [type(error) for error in errors] == [EndpointAuthError, ValueError]
     formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
     logged = "\n".join(formatter.format(record) for record in caplog.records)
     # The scan proves something only if the HTTP stack's own DEBUG records were captured.
@@ -343,7 +495,9 @@ def test_the_key_reaches_the_server_and_nothing_else(
         "decisions": repr(decisions),
         "log records": logged,
         "stdout/stderr": out + err,
-        "exception messages": "\n".join(repr(error) for error in errors),
+        "exceptions and their tracebacks": "\n".join(
+            "".join(traceback.format_exception(error)) for error in errors
+        ),
         "backend repr": repr(model),
     }.items():
         assert secret not in text, f"the API key leaked into {place}"

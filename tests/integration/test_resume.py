@@ -1,4 +1,11 @@
-"""A generation job killed with SIGKILL resumes from its journal: nothing lost, nothing twice."""
+"""A generation job stopped mid-cell resumes from its journal: nothing lost, nothing twice.
+
+SIGKILL (a lost node) gives the job no say. SIGTERM (Slurm's preemption, ``scancel``, the time
+limit) and SIGINT (Ctrl-C) reach every process of the job, as Slurm and a terminal send them:
+the test signals the whole process group of a real Snakemake run. Snakemake itself only stops
+scheduling on SIGTERM; the job's own process stops within seconds, drops the episodes in
+flight, exits non-zero, and leaves Snakemake unlocked for the rerun.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +15,49 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pytest
+import yaml
 
-from tests.conftest import copy_workflow, run, tool_env
+from tests.conftest import TINY_CONFIG, copy_workflow, run, tool_env
+from tests.integration.fault_server import FaultServer, hang, ok
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TARGET = "results/episodes/random/n6.parquet"
+JOB_LOG = "logs/generate_episodes/random/n6.log"
+# Signal to exit: the issue's bound, with room for a busy CI machine.
+EXIT_WITHIN_S = 10.0
 
 
-def _config(tiny_config: dict) -> dict:
-    config = dict(tiny_config)
+def _config() -> dict:
+    config = yaml.safe_load(TINY_CONFIG.read_text())
     config["models"] = {"random": {"kind": "scripted", "policy": "random"}}
     config["experiment"] = {"sizes": [6], "episodes_per_cell": 300}
-    config["analysis"] = {**tiny_config["analysis"], "comparisons": []}
+    config["analysis"] = {**config["analysis"], "comparisons": []}
     return config
 
 
-def _kill_when_journalled(project: Path, parts: int) -> int:
-    """Start the cell's job, SIGKILL its whole process group once ``parts`` episodes are in."""
-    journal = project / "results/episodes/random/n6.partial"
+def _journalled(journal: Path) -> int:
+    return len(list(journal.glob("*.episodes.parquet")))
+
+
+def _signal_when(
+    project: Path, target: str, ready: Callable[[], bool], signum: signal.Signals
+) -> tuple[int, float]:
+    """Run Snakemake on ``target``; once ``ready()`` holds, send ``signum`` to its process group.
+
+    Returns:
+        Snakemake's exit status and the seconds from the signal until every process of the
+        group (Snakemake and its job) had exited.
+    """
     job = subprocess.Popen(
-        [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", TARGET],
+        [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", target],
         cwd=project,
         env=tool_env(),
         stdout=subprocess.DEVNULL,
@@ -39,34 +65,139 @@ def _kill_when_journalled(project: Path, parts: int) -> int:
         start_new_session=True,
     )
     deadline = time.monotonic() + 120
-    while len(list(journal.glob("*.episodes.parquet"))) < parts:
-        assert job.poll() is None, "the job ended before it could be killed"
-        assert time.monotonic() < deadline, "no journal appeared"
+    while not ready():
+        assert job.poll() is None, "the job ended before it could be signalled"
+        assert time.monotonic() < deadline, "the job never got ready to be signalled"
         time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    return len(list(journal.glob("*.episodes.parquet")))
+    sent = time.monotonic()
+    os.killpg(job.pid, signum)
+    status = job.wait(timeout=60)
+    # The job's process may outlive Snakemake briefly; wait until the group is empty.
+    while _group_alive(job.pid):
+        assert time.monotonic() - sent < 60, "a process of the job ignored the signal"
+        time.sleep(0.05)
+    return status, time.monotonic() - sent
 
 
-def test_killed_generation_resumes_to_the_uninterrupted_result(tmp_path, tiny_config):
-    config = _config(tiny_config)
-    killed = copy_workflow(tmp_path / "killed", config)
-    journalled = _kill_when_journalled(killed, parts=20)
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cell played in one go: what every interrupted run must end up with."""
+    clean = copy_workflow(tmp_path_factory.mktemp("clean"), _config())
+    run(clean, "snakemake", "--cores", "1", TARGET)
+    return clean
+
+
+def _assert_same_tables(resumed: Path, uninterrupted: Path) -> None:
+    for suffix in (".parquet", ".steps.parquet"):
+        table = Path(TARGET).with_suffix("").with_suffix(suffix)
+        assert (resumed / table).read_bytes() == (uninterrupted / table).read_bytes(), suffix
+    assert pl.read_parquet(resumed / TARGET)["episode"].to_list() == list(range(300))
+    assert not (resumed / "results/episodes/random/n6.partial").exists()
+
+
+def test_killed_generation_resumes_to_the_uninterrupted_result(tmp_path, uninterrupted):
+    killed = copy_workflow(tmp_path / "killed", _config())
+    journal = killed / "results/episodes/random/n6.partial"
+    _signal_when(killed, TARGET, lambda: _journalled(journal) >= 20, signal.SIGKILL)
+    journalled = _journalled(journal)
     assert 20 <= journalled < 300
     assert not (killed / TARGET).exists()
 
     # A SIGKILLed Snakemake leaves its lock behind; --unlock is the documented way back.
     run(killed, "snakemake", "--unlock")
     run(killed, "snakemake", "--cores", "1", TARGET)
-    log = (killed / "logs/generate_episodes/random/n6.log").read_text()
+    log = (killed / JOB_LOG).read_text()
     assert f"{journalled} journalled, {300 - journalled} to play" in log
+    _assert_same_tables(killed, uninterrupted)
 
-    clean = copy_workflow(tmp_path / "clean", config)
-    run(clean, "snakemake", "--cores", "1", TARGET)
-    for suffix in (".parquet", ".steps.parquet"):
-        resumed = (killed / TARGET).with_suffix("").with_suffix(suffix)
-        uninterrupted = (clean / TARGET).with_suffix("").with_suffix(suffix)
-        assert resumed.read_bytes() == uninterrupted.read_bytes(), suffix
-    episodes = pl.read_parquet(killed / TARGET)
-    assert episodes["episode"].to_list() == list(range(300))
-    assert not (killed / "results/episodes/random/n6.partial").exists()
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_generation_within_seconds_and_the_rerun_matches(
+    tmp_path, uninterrupted, signum
+):
+    stopped = copy_workflow(tmp_path / "stopped", _config())
+    journal = stopped / "results/episodes/random/n6.partial"
+    status, seconds = _signal_when(stopped, TARGET, lambda: _journalled(journal) >= 20, signum)
+    assert status != 0
+    assert seconds < EXIT_WITHIN_S
+    journalled = _journalled(journal)
+    assert 20 <= journalled < 300
+    assert not list(journal.glob(".*.tmp")), "a journal part was left half-written"
+    log = (stopped / JOB_LOG).read_text()
+    assert f"cancelled: {journalled} of 300 episodes journalled" in log
+    assert f"stopped by {signum.name}" in log
+    assert "Traceback" not in log
+
+    # A clean stop leaves no lock: the same command continues.
+    run(stopped, "snakemake", "--cores", "1", TARGET)
+    log = (stopped / JOB_LOG).read_text()
+    assert f"{journalled} journalled, {300 - journalled} to play" in log
+    _assert_same_tables(stopped, uninterrupted)
+
+
+def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
+    tmp_path, tiny_config
+):
+    # Two episodes in flight, 3 philosophers, 3 rounds of `think`: 9 calls per episode. The
+    # first 18 calls are answered at once, enough to finish one or two episodes; every later
+    # call hangs, far past the exit bound, until the signal. The rerun is answered at once.
+    calls_per_episode, in_flight, episodes = 9, 2, 8
+    quick = calls_per_episode * in_flight
+    config = dict(tiny_config)
+    config["experiment"] = {"sizes": [3], "episodes_per_cell": episodes}
+    config["analysis"] = {**tiny_config["analysis"], "comparisons": []}
+    target = "results/episodes/slow/n3.parquet"
+    with FaultServer([*[ok("think")] * quick, hang(120.0)]) as server:
+        config["models"] = {
+            "slow": {
+                "kind": "openai",
+                "provider": "openai",
+                "base_url": server.base_url,
+                "model": "slow-model",
+                "api_key_env": None,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "max_tokens": 16,
+                "extra_body": {},
+                "tool_choice": "auto",
+                "timeout_s": 300.0,
+                "max_retries": 0,
+                "backoff_base_s": 0.01,
+                "backoff_max_s": 0.05,
+                "max_in_flight": in_flight,
+                "episodes_per_cell": episodes,
+            }
+        }
+        project = copy_workflow(tmp_path / "project", config)
+        journal = project / "results/episodes/slow/n3.partial"
+        status, seconds = _signal_when(
+            project,
+            target,
+            lambda: _journalled(journal) >= 1 and len(server.requests) > quick,
+            signal.SIGTERM,
+        )
+        assert status != 0
+        assert seconds < EXIT_WITHIN_S
+        journalled = _journalled(journal)
+        assert 1 <= journalled <= in_flight
+        log = (project / "logs/generate_episodes/slow/n3.log").read_text()
+        assert f"cancelled: {journalled} of {episodes} episodes journalled" in log
+
+        server.restart([ok("think")])
+        before = len(server.requests)
+        run(project, "snakemake", "--cores", "1", target)
+        replayed = len(server.requests) - before
+    # Journalled episodes were not played again, and the dropped ones were played whole.
+    assert replayed == (episodes - journalled) * calls_per_episode
+    table = pl.read_parquet(project / target)
+    assert table["episode"].to_list() == list(range(episodes))
+    assert set(table["status"]) == {"ok"}
+    assert (table["decisions"] == calls_per_episode).all()

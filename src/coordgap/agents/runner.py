@@ -6,6 +6,10 @@ killed job resumes where it stopped: journalled episodes are kept, the rest are 
 nothing is played twice. The journal carries a fingerprint of the cell's settings; a journal
 from different settings is discarded rather than mixed in. When every episode is in, the
 journal is merged, in episode order, into the final tables and removed.
+
+SIGTERM or SIGINT (Slurm preemption, Ctrl-C) cancels the episodes in flight: they are dropped,
+never journalled half-played, and the job exits non-zero within seconds (``coordgap.preemption``),
+so the rerun plays exactly the episodes that are not in the journal.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from tqdm import tqdm
 
+from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.data import TABLE_SCHEMAS, write_parquet_atomic
 from coordgap.episodes import EpisodeSeeds
@@ -136,8 +141,10 @@ async def run_cell(
     logger.info("%s n=%d: %d journalled, %d to play", cell.model, cell.n, len(done), len(todo))
     bar = _Progress(cell.episodes, len(done), f"{cell.model} n={cell.n}") if progress else None
     gate = asyncio.Semaphore(max_in_flight)
+    played = 0
 
     async def play(index: int) -> None:
+        nonlocal played
         async with gate:
             seeds = EpisodeSeeds.derive(
                 cell.base_seed, cell.first_scenario + index, cell.n, cell.model
@@ -148,15 +155,26 @@ async def run_cell(
         parts = log.tables(
             model=cell.model, checkpoint=cell.checkpoint, n=cell.n, episode=index, seeds=seeds
         )
-        # The episode row goes last: its part existing is what marks the episode done.
+        # The episode row goes last: its part existing is what marks the episode done. No
+        # await from here on, so a cancellation never leaves an episode half-written.
         for table in ("steps", "transcripts", "episodes"):
             frame = pl.DataFrame(parts[table], schema=TABLE_SCHEMAS[table])
             write_parquet_atomic(frame, _journal_part(outputs.journal, index, table))
+        played += 1
         if bar is not None:
             bar.update(log.row)
 
     try:
         await asyncio.gather(*(play(i) for i in todo))
+    except asyncio.CancelledError:
+        logger.warning(
+            "%s n=%d cancelled: %d of %d episodes journalled, the ones in flight dropped",
+            cell.model,
+            cell.n,
+            len(done) + played,
+            cell.episodes,
+        )
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -186,6 +204,8 @@ def generate_cell(
 ) -> None:
     """Play one model x N cell (resuming a killed run) and write its three tables.
 
+    SIGTERM and SIGINT stop the cell as ``coordgap.preemption.run`` describes.
+
     Args:
         model: The model, of any kind.
         n: Number of philosophers.
@@ -199,9 +219,13 @@ def generate_cell(
         checkpoint: What the ``checkpoint`` column says: ``base``, or the training checkpoint
             whose adapter the model carries.
         progress: Show a progress bar on stderr.
+
+    Raises:
+        Preempted: A signal stopped the cell; finished episodes are journalled.
+        EndpointAuthError: The model's endpoint refused its API key.
     """
     cell = Cell(
         model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
     )
     with open_policy_factory(model, env, templates, weights) as (make_policy, max_in_flight):
-        asyncio.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))
+        preemption.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))

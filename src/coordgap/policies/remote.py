@@ -2,13 +2,14 @@
 
 The backend owns retries. The client libraries are told not to retry (``max_retries=0``) so that
 every wait is visible here, bounded by our settings and drawn from a generator seeded per call:
-retries then neither multiply (client retries inside ours) nor break reproducibility.
+retries then neither multiply (client retries inside ours) nor break reproducibility. What a
+reply or an error means (a message, a retryable failure, a refused key) is decided in
+``coordgap.policies.replies``; this module only acts on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import os
@@ -17,13 +18,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import openai
-from langchain_core.exceptions import ModelError
 from langchain_core.messages import convert_to_messages
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
 from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.parsing import parse_ai_message
+from coordgap.policies.replies import (
+    EndpointAuthError,
+    GatedHttpClient,
+    classify_error,
+    unrepresentable_call,
+)
 from coordgap.policies.tools import tool_schema
 
 if TYPE_CHECKING:
@@ -43,11 +48,6 @@ logger = logging.getLogger(__name__)
 KEYLESS_PLACEHOLDER = "not-needed"
 # tool_choice values passed through as they are; anything else names the one tool to call.
 _TOOL_CHOICE_MODES = frozenset({"auto", "required", "none"})
-# 408 is a server-side timeout, 429 a rate limit, 5xx a server fault: all may pass on retry.
-_RETRYABLE_STATUS = frozenset({408, 429})
-# Failures of the connection itself, found anywhere in an exception's cause chain: the SDKs
-# (openai, anthropic, ...) wrap their HTTP library's errors, which wrap the socket's.
-_CONNECTION_FAILURES = (TimeoutError, ConnectionError, openai.APIConnectionError)
 
 
 class MissingAPIKeyError(RuntimeError):
@@ -71,15 +71,6 @@ class BackendStats:
     calls: int = 0
     retries: int = 0
     transport_errors: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    """A failed attempt as the retry loop sees it; ``label`` is safe to store and log."""
-
-    label: str
-    retryable: bool
-    retry_after_s: float | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -170,8 +161,14 @@ class OpenAICompatible:
 
         Returns:
             The parsed decision. When every attempt failed, or one failed in a way a retry
-            cannot fix (a 4xx other than 408 and 429), a ``TRANSPORT_ERROR`` decision whose
-            ``raw`` names only the error class and HTTP status.
+            cannot fix (a 4xx other than 401, 403, 408 and 429), a ``TRANSPORT_ERROR``
+            decision whose ``raw`` names only the error class and HTTP status, or the check a
+            malformed reply failed. Whatever the endpoint answers, the call returns a decision
+            or raises ``EndpointAuthError``.
+
+        Raises:
+            EndpointAuthError: The endpoint refused the key (HTTP 401 or 403): every later call
+                would fail too, so the job should stop rather than mark episodes ``error``.
         """
         model = self._bind(tuple(tools))
         chat = convert_to_messages(messages)
@@ -186,24 +183,22 @@ class OpenAICompatible:
                 # asyncio.timeout, unlike wait_for, needs no extra task per attempt.
                 async with asyncio.timeout(self.timeout_s):
                     reply = await model.ainvoke(chat, **options)
-            except ValidationError as exc:
-                # langchain-openai decodes each call's arguments, then builds the message outside
-                # its error handling: arguments that are JSON but no object ("[1]") fail the
-                # message's validation instead of becoming an invalid call.
-                errors = exc.errors()
-                if not all(error["loc"][:1] == ("tool_calls",) for error in errors):
-                    raise
-                arguments = json.dumps([error["input"] for error in errors], default=str)
-                return Decision(
-                    tool=None,
-                    no_call_reason=NoCallReason.BAD_ARGUMENTS,
-                    raw=f"tool-call arguments that are no JSON object: {arguments}",
-                    latency_s=time.perf_counter() - start,
-                )
             except Exception as exc:
-                failure = _classify(exc)
-                if failure is None:
-                    raise
+                raw = unrepresentable_call(exc)
+                if raw is not None:
+                    return Decision(
+                        tool=None,
+                        no_call_reason=NoCallReason.BAD_ARGUMENTS,
+                        raw=raw,
+                        latency_s=time.perf_counter() - start,
+                    )
+                failure = classify_error(exc)
+                if failure.rejected_key:
+                    # from None: the SDK's message may quote the refused key, and a traceback
+                    # prints the context of an exception unless it is suppressed.
+                    raise EndpointAuthError(
+                        failure.status, self._endpoint, self.api_key_env
+                    ) from None
                 if failure.retryable and attempt < self.max_retries:
                     attempt += 1
                     self.stats.retries += 1
@@ -230,6 +225,11 @@ class OpenAICompatible:
                 latency_s=time.perf_counter() - start,
             )
 
+    @property
+    def _endpoint(self) -> str:
+        """The endpoint, as error messages name it."""
+        return self.base_url or f"the default endpoint of provider {self.provider!r}"
+
     def _build_chat_model(self) -> BaseChatModel:
         """Build the LangChain chat model, with the client's own retries off."""
         common: dict[str, Any] = {
@@ -250,8 +250,9 @@ class OpenAICompatible:
                 extra_body=dict(self.extra_body) or None,
                 # Our own HTTP client: ChatOpenAI's default is shared by every instance with the
                 # same URL and timeout, across event loops, and its connections die with the
-                # loop that opened them. The openai defaults allow 1000 connections, 100 idle.
-                http_async_client=openai.DefaultAsyncHttpxClient(),
+                # loop that opened them. It checks every reply before the SDK parses it
+                # (coordgap.policies.replies); the openai defaults allow 1000 connections.
+                http_async_client=GatedHttpClient(),
                 **common,
             )
         try:
@@ -306,75 +307,6 @@ def _read_api_key(env_var: str | None) -> SecretStr | None:
     if not key:
         raise MissingAPIKeyError(env_var)
     return SecretStr(key)
-
-
-def _classify(exc: Exception) -> _Failure | None:
-    """Describe a failed attempt, or return None for an error that is no transport failure.
-
-    Retryability comes from LangChain's provider-neutral ``ModelError.is_retryable`` where the
-    integration raises one, else from the HTTP status of the SDK exception (openai, anthropic
-    and others carry ``status_code``), else from a connection failure in the cause chain. The
-    label keeps only the class name and status: messages may quote request details, such as
-    the key a 401 rejected.
-    """
-    status = getattr(exc, "status_code", None)
-    has_status = isinstance(status, int)
-    if isinstance(exc, ModelError):
-        retryable = exc.is_retryable
-    elif has_status:
-        retryable = status in _RETRYABLE_STATUS or status >= 500
-    elif _is_connection_failure(exc):
-        retryable = True
-    else:
-        return None
-    headers = getattr(getattr(exc, "response", None), "headers", None)
-    return _Failure(
-        label=f"{type(exc).__name__} (HTTP {status})" if has_status else type(exc).__name__,
-        retryable=retryable,
-        retry_after_s=_retry_after_s(headers) if retryable and headers is not None else None,
-    )
-
-
-def _is_connection_failure(exc: BaseException) -> bool:
-    """Whether a connection failure (refused, reset, timed out) caused ``exc``."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        # Python 3.11's asyncio.TimeoutError, raised by asyncio.timeout, is the built-in one.
-        if isinstance(cause, _CONNECTION_FAILURES):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def _retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """Return the wait a response asks for, in seconds; None without a usable header.
-
-    Reads OpenAI's ``retry-after-ms`` first, then ``Retry-After`` as seconds or an HTTP date.
-    """
-    millis = _non_negative(headers.get("retry-after-ms"))
-    if millis is not None:
-        return millis / 1000
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    seconds = _non_negative(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _non_negative(text: str | None) -> float | None:
-    """Return ``text`` as a number clipped at 0, or None when it is absent or not a number."""
-    if text is None:
-        return None
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        return None
 
 
 def _render(reply: AIMessage) -> str:

@@ -1,0 +1,383 @@
+"""The model boundary: whatever an endpoint answers becomes a message to parse or a failure.
+
+A reply of a chat endpoint passes three stages, and nothing raised on the way escapes as an
+exception except a rejected key:
+
+1. ``GatedHttpClient``, the HTTP client of provider ``openai``, reads each body with a size cap
+   (``MAX_REPLY_BYTES``, after decompression) and checks every 2xx body with
+   ``canonical_completion``: UTF-8 JSON, an object without ``error``, a non-empty ``choices``
+   list whose first entry holds an assistant message with string-or-null ``content`` and
+   well-formed ``tool_calls``, token counts that are non-negative integers, strings that are
+   valid Unicode. The client library and LangChain then read a canonical copy holding only
+   those fields, so no other field of a reply, however odd, reaches their parsers. A body that
+   fails raises ``MalformedReply``.
+2. ``classify_error`` turns whatever the chat model raised into a ``Failure``: by HTTP status
+   (401 and 403 reject the key; 408, 429 and 5xx may pass on retry; other statuses will not),
+   as a lost connection or timeout, as a ``MalformedReply``, or, for anything else a provider's
+   integration raises on a reply it could not read, as an unreadable reply. Failures are
+   retried by the backend and end as ``TRANSPORT_ERROR`` decisions; a rejected key stops the
+   job (``EndpointAuthError``). ``unrepresentable_call`` recognises the one error that is a
+   decision: LangChain refusing tool-call arguments that are JSON but no object.
+3. ``coordgap.policies.parsing.parse_ai_message`` turns the message into a tool, or into the
+   reason there is none.
+
+Labels of failures name only classes, statuses and which check failed: exception messages and
+bodies may quote request details, such as the key a 401 rejected.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import openai
+from langchain_core.exceptions import (
+    ModelAuthenticationError,
+    ModelError,
+    ModelPermissionDeniedError,
+)
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+logger = logging.getLogger(__name__)
+
+# A chat completion of one tool call is a few kilobytes; even thousands of tokens of prose stay
+# far below this. A larger body is a proxy's or server's fault, and reading it whole could
+# exhaust memory.
+MAX_REPLY_BYTES = 8 * 2**20
+# 408 is a server-side timeout, 429 a rate limit, 5xx a server fault: all may pass on retry.
+_RETRYABLE_STATUS = frozenset({408, 429})
+# The key was refused: no later request with it can succeed.
+_AUTH_STATUS = frozenset({401, 403})
+# Failures of the connection itself, found anywhere in an exception's cause chain: the SDKs
+# (openai, anthropic, ...) wrap their HTTP library's errors, which wrap the socket's. Python
+# 3.11's asyncio.TimeoutError, raised by asyncio.timeout, is the built-in TimeoutError.
+_CONNECTION_FAILURES = (TimeoutError, ConnectionError, openai.APIConnectionError)
+# Headers that described the body as it came over the wire, not the decoded copy passed on.
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+class MalformedReply(Exception):
+    """A reply that is no chat completion (or too large to read); ``reason`` says which check.
+
+    Args:
+        status: The reply's HTTP status.
+        reason: The failed check, safe to store and log: it never quotes the body.
+    """
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class EndpointAuthError(RuntimeError):
+    """The endpoint refused the API key (HTTP 401 or 403): the job cannot succeed, so it stops.
+
+    The message names the environment variable and the endpoint, never the key.
+
+    Args:
+        status: The HTTP status; None when a provider's error carried none.
+        endpoint: The base URL, or a description of the provider's default endpoint.
+        env_var: The variable the key was read from; None for a keyless model.
+    """
+
+    def __init__(self, status: int | None, endpoint: str, env_var: str | None) -> None:
+        if env_var is None:
+            advice = "the model sets no api_key_env: name the variable that holds its key"
+        else:
+            advice = f"check the API key in environment variable {env_var}"
+        refused = f"{endpoint} refused the request" + (f" with HTTP {status}" if status else "")
+        super().__init__(f"{refused}: {advice}")
+        self.status = status
+        self.endpoint = endpoint
+        self.env_var = env_var
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt as the retry loop sees it.
+
+    Attributes:
+        label: The error class, HTTP status or failed check; safe to store and log.
+        retryable: Whether the same request may succeed later.
+        retry_after_s: The wait the server asked for, if it did and a retry makes sense.
+        status: The HTTP status, when the failure had one.
+        rejected_key: The endpoint refused the credentials (401, 403).
+    """
+
+    label: str
+    retryable: bool
+    retry_after_s: float | None = None
+    status: int | None = None
+    rejected_key: bool = False
+
+
+class GatedHttpClient(openai.DefaultAsyncHttpxClient):
+    """The openai SDK's default async HTTP client, with every reply read and checked whole.
+
+    It keeps the SDK's defaults (connection limits, redirects, proxies from the environment)
+    and overrides only ``send``: the body is read under ``MAX_REPLY_BYTES``, a 2xx body is
+    replaced by its ``canonical_completion``, and the SDK gets a response whose body is
+    already in memory. The backend never streams, so a whole body is always what it wants.
+
+    Raises:
+        MalformedReply: From ``send``, for an oversized body or a 2xx body that is no chat
+            completion. The SDK lets errors that are not its HTTP library's pass unchanged.
+    """
+
+    async def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
+        """Send ``request`` and return its response, read, checked and made canonical."""
+        response = await super().send(request, stream=True, **kwargs)
+        try:
+            body = await _read_capped(response)
+        finally:
+            await response.aclose()
+        if response.is_success:
+            body = canonical_completion(response.status_code, body)
+        headers = [(k, v) for k, v in response.headers.multi_items() if k not in _WIRE_HEADERS]
+        # type(response): the HTTP library the SDK uses (httpx2 since openai 3, httpx before).
+        return type(response)(
+            response.status_code,
+            headers=headers,
+            content=body,
+            request=request,
+            extensions=response.extensions,
+        )
+
+
+async def _read_capped(response: Any) -> bytes:
+    """Read a streamed response's decoded body, refusing it past ``MAX_REPLY_BYTES``."""
+    chunks = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise MalformedReply(response.status_code, f"body over {MAX_REPLY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def canonical_completion(status: int, body: bytes) -> bytes:
+    """Check that ``body`` is a chat completion; return a copy with only the fields we read.
+
+    The copy has the first choice's message (role, content, tool calls with their id, name and
+    arguments) and the token counts. Whatever else the reply held (more choices, log-probs,
+    reasoning text, vendor fields) is left out: the backend uses none of it.
+
+    Args:
+        status: The reply's HTTP status, for the error's label.
+        body: The reply's body, decompressed.
+
+    Returns:
+        The canonical chat completion, as UTF-8 JSON.
+
+    Raises:
+        MalformedReply: ``body`` is no chat completion; ``reason`` names the first check
+            that failed.
+    """
+    try:
+        reply = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MalformedReply(status, "body is not UTF-8") from None
+    # ValueError covers malformed JSON and integers too long to convert; RecursionError, nesting
+    # too deep for the parser.
+    except (ValueError, RecursionError):
+        raise MalformedReply(status, "body is not JSON") from None
+    if not isinstance(reply, dict):
+        raise MalformedReply(status, "body is not a JSON object")
+    if reply.get("error") is not None:
+        raise MalformedReply(status, "error object in a successful reply")
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedReply(status, "no choices")
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    if not isinstance(message, dict):
+        raise MalformedReply(status, "no message in the first choice")
+    if message.get("role") != "assistant":
+        raise MalformedReply(status, "message role is not 'assistant'")
+    content = message.get("content")
+    if not _is_text(content, nullable=True):
+        raise MalformedReply(status, "message content is neither text nor null")
+    canonical: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise MalformedReply(status, "tool_calls is not a list")
+        canonical["tool_calls"] = [_canonical_call(status, call) for call in calls]
+    completion: dict[str, Any] = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": canonical, "finish_reason": None}],
+    }
+    usage = reply.get("usage")
+    if usage is not None:
+        completion["usage"] = _canonical_usage(status, usage)
+    return json.dumps(completion).encode()
+
+
+def _canonical_call(status: int, call: object) -> dict[str, Any]:
+    """One entry of ``tool_calls``: an object with a function's string name and arguments.
+
+    Arguments may be null or absent: LangChain reads those as no arguments, which is what the
+    philosophers' tools take. Arguments of another type than a string are the server's
+    encoding error, not the model's choice, so they fail the reply rather than the call.
+    """
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise MalformedReply(status, "a tool call has no function object")
+    for value, what, nullable in (
+        (function.get("name"), "name", False),
+        (function.get("arguments"), "arguments", True),
+        (call.get("id"), "id", True),
+    ):
+        if not _is_text(value, nullable):
+            raise MalformedReply(status, f"non-text tool-call {what}")
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": function.get("arguments")},
+    }
+
+
+def _canonical_usage(status: int, usage: object) -> dict[str, int]:
+    """The token counts: absent ones are 0, and present ones must be non-negative integers."""
+    if not isinstance(usage, dict):
+        raise MalformedReply(status, "usage is not an object")
+    counts = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key, 0)
+        # bool is an int subclass, and JSON true is no count.
+        if type(value) is not int or value < 0:
+            raise MalformedReply(status, f"usage.{key} is not a non-negative integer")
+        counts[key] = value
+    return {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}
+
+
+def _is_text(value: object, nullable: bool) -> bool:
+    """Whether ``value`` is a string of valid Unicode (or None, when ``nullable``).
+
+    JSON escapes can spell lone UTF-16 surrogates, which no UTF-8 file can store.
+    """
+    if value is None:
+        return nullable
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unrepresentable_call(exc: Exception) -> str | None:
+    """The raw output of a call LangChain decoded but could not represent; None for other errors.
+
+    langchain-openai decodes each call's arguments, then builds the message outside its error
+    handling: arguments that are JSON but no object (``"[1]"``) fail the message's validation
+    instead of becoming an invalid call. That is the model's choice, a ``BAD_ARGUMENTS``
+    decision, not a transport failure; but the message that would carry the token counts is
+    never built, so such a decision counts no tokens.
+    """
+    if not isinstance(exc, ValidationError):
+        return None
+    errors = exc.errors()
+    if not all(error["loc"][:1] == ("tool_calls",) for error in errors):
+        return None
+    arguments = json.dumps([error["input"] for error in errors], default=str)
+    return f"tool-call arguments that are no JSON object: {arguments}"
+
+
+def classify_error(exc: Exception) -> Failure:
+    """Describe a failed attempt: every exception of a chat model's call is one kind of failure.
+
+    In order: a ``MalformedReply`` anywhere in the cause chain; a refused key (HTTP 401 or
+    403, or LangChain's provider-neutral authentication errors); LangChain's ``ModelError``
+    with its own ``is_retryable``; any other HTTP status of an SDK exception (openai,
+    anthropic and others carry ``status_code``); a connection failure or timeout in the cause
+    chain; and last, anything else, which only a reply the integration could not read raises
+    and which is retried like a malformed reply (and logged with where it was raised).
+
+    Args:
+        exc: What the chat model's call raised.
+
+    Returns:
+        The failure; its label names the class and status or the failed check, never a message.
+    """
+    malformed = _in_chain(exc, MalformedReply)
+    if malformed is not None:
+        return Failure(f"MalformedReply ({malformed})", retryable=True, status=malformed.status)
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) else None
+    label = type(exc).__name__ if status is None else f"{type(exc).__name__} (HTTP {status})"
+    if status in _AUTH_STATUS or isinstance(
+        exc, ModelAuthenticationError | ModelPermissionDeniedError
+    ):
+        return Failure(label, retryable=False, status=status, rejected_key=True)
+    if isinstance(exc, ModelError):
+        retryable = exc.is_retryable
+    elif status is not None:
+        retryable = status in _RETRYABLE_STATUS or status >= 500
+    elif _in_chain(exc, _CONNECTION_FAILURES) is not None:
+        retryable = True
+    else:
+        frame = traceback.extract_tb(exc.__traceback__)[-1:]
+        where = f"{frame[0].filename}:{frame[0].lineno}" if frame else "unknown place"
+        logger.warning("unreadable reply: %s raised at %s", type(exc).__name__, where)
+        return Failure(f"{type(exc).__name__} (unreadable reply)", retryable=True)
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    return Failure(
+        label,
+        retryable=retryable,
+        retry_after_s=retry_after_s(headers) if retryable and headers is not None else None,
+        status=status,
+    )
+
+
+def _in_chain(exc: BaseException, kind: type[_E] | tuple[type[_E], ...]) -> _E | None:
+    """The first exception of ``kind`` in ``exc``'s cause chain, ``exc`` included."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, kind):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Return the wait a response asks for, in seconds; None without a usable header.
+
+    Reads OpenAI's ``retry-after-ms`` first, then ``Retry-After`` as seconds or an HTTP date.
+    """
+    millis = _non_negative(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _non_negative(text: str | None) -> float | None:
+    """Return ``text`` as a number clipped at 0, or None when it is absent or not a number."""
+    if text is None:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        return None

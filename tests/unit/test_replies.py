@@ -1,0 +1,67 @@
+"""How errors of providers other than openai are classified (their replies bypass the gate)."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.exceptions import ModelAuthenticationError, ModelRateLimitError
+
+from coordgap.policies.replies import Failure, MalformedReply, classify_error
+
+pytestmark = pytest.mark.unit
+
+
+class _ProviderError(Exception):
+    """An SDK exception as anthropic's and others look: a status code, a message to hide."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__("Invalid key: sk-must-stay-secret")
+        self.status_code = status_code
+
+
+def _raised(exc: Exception) -> Exception:
+    """``exc`` with a traceback, as the backend catches it."""
+    try:
+        raise exc
+    except Exception as caught:
+        return caught
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (_ProviderError(401), Failure("_ProviderError (HTTP 401)", False, None, 401, True)),
+        (_ProviderError(403), Failure("_ProviderError (HTTP 403)", False, None, 403, True)),
+        (
+            ModelAuthenticationError("no"),
+            Failure("ModelAuthenticationError", False, None, None, True),
+        ),
+        (_ProviderError(503), Failure("_ProviderError (HTTP 503)", True, None, 503)),
+        (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400)),
+        (ModelRateLimitError("slow down"), Failure("ModelRateLimitError", True)),
+        (ConnectionResetError(), Failure("ConnectionResetError", True)),
+        (
+            MalformedReply(200, "no choices"),
+            Failure("MalformedReply (HTTP 200: no choices)", True, None, 200),
+        ),
+        # What only an integration that could not read a reply raises: retried, and logged.
+        (KeyError("choices"), Failure("KeyError (unreadable reply)", True)),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, Exception) else "",
+)
+def test_every_error_is_a_failure_whose_label_hides_the_message(
+    exc: Exception, expected: Failure, caplog: pytest.LogCaptureFixture
+) -> None:
+    failure = classify_error(_raised(exc))
+    assert failure == expected
+    assert "sk-must-stay-secret" not in failure.label + caplog.text
+
+
+def test_a_malformed_reply_wrapped_by_an_sdk_is_still_named() -> None:
+    try:
+        try:
+            raise MalformedReply(200, "body is not JSON")
+        except MalformedReply as inner:
+            raise ConnectionError("wrapped") from inner
+    except ConnectionError as outer:
+        failure = classify_error(outer)
+    assert failure.label == "MalformedReply (HTTP 200: body is not JSON)"
