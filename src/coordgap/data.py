@@ -1,4 +1,4 @@
-"""Data contracts (DESIGN.md §5): table schemas, seed derivation and atomic parquet writes."""
+"""Data contracts (DESIGN.md §5): table schemas, seeds and generators, atomic parquet writes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from coordgap.env.protocols import Tool
@@ -82,6 +83,16 @@ def derive_seed(*parts: object) -> int:
     """
     key = "\x1f".join(str(part) for part in parts).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def episode_generators(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """The table's and the policy's generators of one episode, independent streams.
+
+    The table's stream alone decides contested forks and sequential turn order, so an episode
+    can be replayed from its seed and its recorded decisions (``coordgap.analysis.timeline``).
+    """
+    table_seq, policy_seq = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(table_seq), np.random.default_rng(policy_seq)
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: str | Path) -> None:

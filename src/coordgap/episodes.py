@@ -14,9 +14,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+# episode_generators is re-exported: the runner, tests and benchmarks take it from here.
 from coordgap.data import CALL_COLUMNS
+from coordgap.data import episode_generators as episode_generators
 from coordgap.env.observation import Observation, PastTurn, observe
 from coordgap.env.protocols import IDLE_TOOL
 from coordgap.env.reward import components
@@ -24,6 +24,8 @@ from coordgap.env.table import Outcome, Result, Table, TurnOrder
 from coordgap.policies.base import NoCallReason
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from coordgap.config import EnvironmentConfig
     from coordgap.policies.base import Decision, Policy
 
@@ -35,12 +37,6 @@ class EpisodeLog:
     row: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
     transcripts: list[dict[str, Any]] = field(default_factory=list)
-
-
-def episode_generators(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
-    """The table's and the policy's generators of one episode, independent streams."""
-    table_seq, policy_seq = np.random.SeedSequence(seed).spawn(2)
-    return np.random.default_rng(table_seq), np.random.default_rng(policy_seq)
 
 
 class EpisodeRecorder:

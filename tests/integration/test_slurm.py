@@ -87,6 +87,7 @@ def _small_config(tiny_config: dict) -> dict:
     config["environment"]["rounds"] = 2
     config["analysis"]["bootstrap_resamples"] = 100  # the schema's minimum
     config["analysis"]["comparisons"] = [["silent", "resource_hierarchy"]]
+    config["analysis"]["timeline"] = {"model": "resource_hierarchy", "n": 3, "episode": 0}
     return config
 
 
