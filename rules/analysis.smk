@@ -6,7 +6,6 @@
 rule compute_stats:
     input:
         episodes=episode_targets(),
-        paper_reference="config/paper_reference.yaml",
         code=src_files(*STATS_CODE, "config.py"),
     output:
         summary=report(
@@ -14,18 +13,6 @@ rule compute_stats:
             caption="../workflow/report/table_summary.rst",
             category="Tables",
             labels={"table": "summary"},
-        ),
-        comparisons=report(
-            "results/stats/comparisons.csv",
-            caption="../workflow/report/table_comparisons.rst",
-            category="Tables",
-            labels={"table": "comparisons"},
-        ),
-        power=report(
-            "results/stats/power.csv",
-            caption="../workflow/report/table_power.rst",
-            category="Tables",
-            labels={"table": "power"},
         ),
         components=report(
             "results/stats/components.csv",
@@ -48,9 +35,7 @@ rule compute_stats:
         metrics="results/metrics.json",
     params:
         reward=lookup(dpath="reward", within=config),
-        analysis=analysis_settings(
-            "confidence", "bootstrap_resamples", "seed", "comparisons", "power"
-        ),
+        analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
     log:
         "logs/compute_stats/compute_stats.log",
     benchmark:
@@ -61,6 +46,58 @@ rule compute_stats:
         CONDA_ENV
     script:
         "../workflow/scripts/compute_stats.py"
+
+
+rule compare_models:
+    input:
+        episodes=episode_targets(),
+        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
+    output:
+        report(
+            "results/stats/comparisons.csv",
+            caption="../workflow/report/table_comparisons.rst",
+            category="Tables",
+            labels={"table": "comparisons"},
+        ),
+    params:
+        reward=lookup(dpath="reward", within=config),
+        analysis=analysis_settings(
+            "confidence", "bootstrap_resamples", "seed", "comparisons", "power"
+        ),
+    log:
+        "logs/compare_models/compare_models.log",
+    benchmark:
+        "logs/compare_models/compare_models.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/compare_models.py"
+
+
+rule compute_power:
+    input:
+        summary="results/stats/summary.csv",
+        paper_reference="config/paper_reference.yaml",
+        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
+    output:
+        report(
+            "results/stats/power.csv",
+            caption="../workflow/report/table_power.rst",
+            category="Tables",
+            labels={"table": "power"},
+        ),
+    params:
+        power=lookup(dpath="analysis/power", within=config),
+    log:
+        "logs/compute_power/compute_power.log",
+    benchmark:
+        "logs/compute_power/compute_power.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/compute_power.py"
 
 
 rule compute_monitors:

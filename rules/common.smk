@@ -47,6 +47,7 @@ localrules:
     episodes,
     models,
     write_model_manifest,
+    compute_power,
     plot_reward,
     plot_deadlock,
     plot_reward_vs_meals,

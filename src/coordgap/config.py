@@ -114,25 +114,45 @@ class PowerConfig:
 
 @dataclass(frozen=True, slots=True)
 class AnalysisConfig:
-    """Everything the statistics depend on (not the monitors, not the timeline)."""
+    """What every statistic depends on: the rewards, and how intervals are estimated."""
 
     weights: RewardWeights
     variants: tuple[RewardVariant, ...]
     confidence: float
     bootstrap_resamples: int
     seed: int
-    comparisons: tuple[tuple[str, str], ...]
-    power: PowerConfig
 
     @classmethod
     def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> AnalysisConfig:
-        """Build from the validated ``reward`` section and the statistics keys of ``analysis``."""
+        """Build from the validated ``reward`` section and the interval keys of ``analysis``."""
         return cls(
             weights=reward_weights(reward),
             variants=tuple(RewardVariant(v) for v in reward["variants"]),
             confidence=float(analysis["confidence"]),
             bootstrap_resamples=int(analysis["bootstrap_resamples"]),
             seed=int(analysis["seed"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonConfig:
+    """The pairwise comparisons: the statistics' settings, the pairs, and power's alpha.
+
+    Attributes:
+        analysis: Rewards and interval settings.
+        comparisons: The (model a, model b) pairs of ``analysis.comparisons``.
+        power: The power settings; their alpha is the one of each comparison's achieved power.
+    """
+
+    analysis: AnalysisConfig
+    comparisons: tuple[tuple[str, str], ...]
+    power: PowerConfig
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> ComparisonConfig:
+        """Build from the validated ``reward`` section and the comparison keys of ``analysis``."""
+        return cls(
+            analysis=AnalysisConfig.from_dict(reward, analysis),
             comparisons=tuple((a, b) for a, b in analysis["comparisons"]),
             power=PowerConfig.from_dict(analysis["power"]),
         )

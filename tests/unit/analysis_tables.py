@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from coordgap.analysis.comparisons import write_comparisons, write_power
+from coordgap.analysis.monitors import write_monitors
+from coordgap.analysis.stats import StatsOutputs, write_stats
 from coordgap.config import (
     AnalysisConfig,
+    ComparisonConfig,
     EnvironmentConfig,
     MonitorConfig,
     PowerConfig,
@@ -21,6 +27,7 @@ from coordgap.episodes import episode_generators, play_episode
 from coordgap.policies.scripted import make_scripted_policy
 
 ROUNDS = 5
+PAPER_REFERENCE = Path(__file__).resolve().parents[2] / "config" / "paper_reference.yaml"
 
 CONFIG = AnalysisConfig(
     weights=RewardWeights(),
@@ -28,8 +35,14 @@ CONFIG = AnalysisConfig(
     confidence=0.95,
     bootstrap_resamples=2000,
     seed=11,
+)
+
+POWER = PowerConfig(effect_size=0.5, alpha=0.05, power=0.8)
+
+COMPARE = ComparisonConfig(
+    analysis=CONFIG,
     comparisons=(("hierarchy", "left_first"), ("hierarchy", "silent"), ("silent", "idle")),
-    power=PowerConfig(effect_size=0.5, alpha=0.05, power=0.8),
+    power=POWER,
 )
 
 MONITORS = MonitorConfig(
@@ -156,3 +169,32 @@ def scripted(
         rows.append(identity | log.row)
         steps += [{"episode": index, **step} for step in log.steps]
     return pl.DataFrame(rows, schema=EPISODE_SCHEMA), pl.DataFrame(steps, schema=STEP_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Written:
+    """Every statistics table of an episode table, written as by the workflow."""
+
+    stats: StatsOutputs
+    comparisons: Path
+    power: Path
+    monitors: Path
+
+
+def write_tables(
+    episodes: pl.DataFrame, folder: Path, compare: ComparisonConfig = COMPARE
+) -> Written:
+    """Write an episode table and every statistics table of it into ``folder``."""
+    folder.mkdir(parents=True)
+    path = folder / "episodes.parquet"
+    episodes.write_parquet(path)
+    names = ("summary", "components", "seats", "episode_rewards")
+    stats = StatsOutputs(*(folder / f"{name}.csv" for name in names), folder / "metrics.json")
+    write_stats([path], compare.analysis, stats)
+    written = Written(
+        stats, folder / "comparisons.csv", folder / "power.csv", folder / "monitors.csv"
+    )
+    write_comparisons([path], compare, written.comparisons)
+    write_power(stats.summary, PAPER_REFERENCE, compare.power, written.power)
+    write_monitors([path], MONITORS, written.monitors)
+    return written

@@ -15,11 +15,9 @@ from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, compare
 from coordgap.analysis.stats import (
-    COMPARISON_SCHEMA,
     SEAT_SCHEMA,
-    StatsOutputs,
-    compare,
     component_table,
     episode_rewards,
     load_episodes,
@@ -28,17 +26,14 @@ from coordgap.analysis.stats import (
     summarize,
     summary_schema,
     write_csv,
-    write_stats,
 )
 from coordgap.env.reward import RewardVariant, reward_expr
-from tests.unit.analysis_tables import CONFIG, episode, frame, table
+from tests.unit.analysis_tables import COMPARE, CONFIG, episode, frame, table, write_tables
 
 if TYPE_CHECKING:
     import numpy as np
 
 pytestmark = pytest.mark.unit
-
-PAPER_REFERENCE = Path(__file__).resolve().parents[2] / "config" / "paper_reference.yaml"
 
 
 def rewards(episodes: pl.DataFrame, model: str, variant: RewardVariant) -> np.ndarray:
@@ -121,7 +116,7 @@ def test_error_rows_are_counted_and_excluded_from_every_statistic() -> None:
     hierarchy = cell(summary, "hierarchy")
     assert (hierarchy["episodes"], hierarchy["errors"]) == (6, 3)
     assert summary.drop("errors").equals(summarize(ok, CONFIG).drop("errors"))
-    assert compare(with_errors, CONFIG).equals(compare(ok, CONFIG))
+    assert compare(with_errors, COMPARE).equals(compare(ok, COMPARE))
     assert component_table(with_errors, CONFIG).equals(component_table(ok, CONFIG))
     assert seat_table(with_errors, CONFIG).equals(seat_table(ok, CONFIG))
 
@@ -129,10 +124,10 @@ def test_error_rows_are_counted_and_excluded_from_every_statistic() -> None:
 def test_a_model_whose_every_episode_errored_is_shown_without_numbers(tmp_path: Path) -> None:
     crashed = [episode("crashed", 5, i, status="error") for i in range(2)]
     episodes = pl.concat([table(), frame(crashed)])
-    config = replace(CONFIG, comparisons=(*CONFIG.comparisons, ("crashed", "hierarchy")))
-    row = cell(summarize(episodes, config), "crashed")
+    config = replace(COMPARE, comparisons=(*COMPARE.comparisons, ("crashed", "hierarchy")))
+    row = cell(summarize(episodes, CONFIG), "crashed")
     assert (row["episodes"], row["errors"]) == (0, 2)
-    numbers = [key for key, dtype in summary_schema(config.variants).items() if dtype.is_float()]
+    numbers = [key for key, dtype in summary_schema(CONFIG.variants).items() if dtype.is_float()]
     assert all(row[key] is None for key in numbers)
     pair = compare(episodes, config).filter(pl.col("model_a") == "crashed").row(0, named=True)
     assert pair["note"] == "no ok episodes of crashed"
@@ -140,8 +135,8 @@ def test_a_model_whose_every_episode_errored_is_shown_without_numbers(tmp_path: 
     assert math.isnan(pair["p"])
     assert math.isnan(pair["p_holm"])
     # Nothing undefined reaches a file as a number.
-    outputs = _write_stats(episodes, tmp_path / "stats", config)
-    for path in (outputs.summary, outputs.comparisons, outputs.components):
+    written = write_tables(episodes, tmp_path / "stats", config)
+    for path in (written.stats.summary, written.comparisons, written.stats.components):
         assert "nan" not in path.read_text().lower(), path
         # A penalty on a zero mean is written 0.0, never -0.0.
         assert ",-0.0," not in path.read_text(), path
@@ -151,7 +146,7 @@ def test_welch_test_and_hedges_g_match_direct_computation() -> None:
     episodes = table()
     x = rewards(episodes, "hierarchy", RewardVariant.PAPER)
     y = rewards(episodes, "left_first", RewardVariant.PAPER)
-    row = compare(episodes, CONFIG).row(0, named=True)
+    row = compare(episodes, COMPARE).row(0, named=True)
     assert (row["family"], row["variant"], row["model_a"], row["model_b"], row["n"]) == (
         "configured",
         "paper",
@@ -170,14 +165,14 @@ def test_welch_test_and_hedges_g_match_direct_computation() -> None:
 
 
 def test_deadlock_difference_carries_newcombes_interval() -> None:
-    row = compare(table(), CONFIG).row(0, named=True)  # hierarchy (0 of 6) - left_first (4 of 6)
+    row = compare(table(), COMPARE).row(0, named=True)  # hierarchy (0 of 6) - left_first (4 of 6)
     assert (row["deadlock_rate_a"], row["deadlock_rate_b"]) == (0.0, pytest.approx(4 / 6))
     assert row["deadlock_diff"] == pytest.approx(-4 / 6)
     assert row["deadlock_diff_ci_low"] < row["deadlock_diff"] < row["deadlock_diff_ci_high"]
 
 
 def test_holm_adjusts_each_family_and_variant_and_never_lowers_p() -> None:
-    comparisons = compare(table(sizes=(5, 7)), CONFIG)
+    comparisons = compare(table(sizes=(5, 7)), COMPARE)
     for variant in CONFIG.variants:
         family = comparisons.filter((pl.col("variant") == variant) & pl.col("p").is_not_nan())
         assert family.height == 4  # two testable pairs at two sizes
@@ -191,7 +186,7 @@ def test_holm_adjusts_each_family_and_variant_and_never_lowers_p() -> None:
 
 def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> None:
     episodes = pl.concat([table(), frame([episode("solo", 5, 0)])])
-    config = replace(CONFIG, comparisons=(*CONFIG.comparisons, ("solo", "idle")))
+    config = replace(COMPARE, comparisons=(*COMPARE.comparisons, ("solo", "idle")))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comparisons = compare(episodes, config)
@@ -211,7 +206,7 @@ def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> N
 
 
 def test_comparison_families_are_a_hook_of_the_config() -> None:
-    config = replace(CONFIG, comparisons=(("hierarchy", "left_first"),))
+    config = replace(COMPARE, comparisons=(("hierarchy", "left_first"),))
     comparisons = compare(table(), config)
     assert set(comparisons["family"]) == {"configured"}
     assert comparisons.height == len(CONFIG.variants)
@@ -265,25 +260,12 @@ def test_model_names_with_an_at_sign_pass_through(tmp_path: Path) -> None:
     trained = [
         episode("smollm2-grpo@best_val", 5, i, meals=[1, 0, 1, 0, 0], think=i) for i in range(4)
     ]
-    config = replace(CONFIG, comparisons=(("smollm2-grpo@best_val", "hierarchy"),))
-    outputs = _write_stats(pl.concat([table(), frame(trained)]), tmp_path / "stats", config)
-    summary = read_table(outputs.summary, summary_schema(config.variants))
+    config = replace(COMPARE, comparisons=(("smollm2-grpo@best_val", "hierarchy"),))
+    written = write_tables(pl.concat([table(), frame(trained)]), tmp_path / "stats", config)
+    summary = read_table(written.stats.summary, summary_schema(CONFIG.variants))
     assert "smollm2-grpo@best_val" in summary["model"].to_list()
-    comparisons = read_table(outputs.comparisons, COMPARISON_SCHEMA)
+    comparisons = read_table(written.comparisons, COMPARISON_SCHEMA)
     assert set(comparisons["model_a"]) == {"smollm2-grpo@best_val"}
-
-
-def _write_stats(episodes: pl.DataFrame, folder: Path, config=CONFIG) -> StatsOutputs:
-    folder.mkdir()
-    paths = []
-    for (model, n), part in episodes.partition_by("model", "n", as_dict=True).items():
-        path = folder / f"{model}-n{n}.parquet"
-        part.write_parquet(path)
-        paths.append(path)
-    names = ("summary", "comparisons", "power", "components", "seats", "episode_rewards")
-    outputs = StatsOutputs(*(folder / f"{name}.csv" for name in names), folder / "metrics.json")
-    write_stats(sorted(paths), PAPER_REFERENCE, config, outputs)
-    return outputs
 
 
 def test_load_episodes_needs_a_path() -> None:
@@ -291,15 +273,17 @@ def test_load_episodes_needs_a_path() -> None:
         load_episodes([])
 
 
-def test_write_stats_is_byte_stable_and_reads_back(tmp_path: Path) -> None:
-    first = _write_stats(table(sizes=(5, 7)), tmp_path / "first")
-    second = _write_stats(table(sizes=(5, 7)), tmp_path / "second")
-    for a, b in zip(vars(first).values(), vars(second).values(), strict=True):
+def test_written_tables_are_byte_stable_and_read_back(tmp_path: Path) -> None:
+    first = write_tables(table(sizes=(5, 7)), tmp_path / "first")
+    second = write_tables(table(sizes=(5, 7)), tmp_path / "second")
+    files = [*vars(first.stats).values(), first.comparisons, first.power, first.monitors]
+    again = [*vars(second.stats).values(), second.comparisons, second.power, second.monitors]
+    for a, b in zip(files, again, strict=True):
         assert Path(a).read_bytes() == Path(b).read_bytes(), a
-    summary = read_table(first.summary, summary_schema(CONFIG.variants))
+    summary = read_table(first.stats.summary, summary_schema(CONFIG.variants))
     assert summary.select("model", "n").rows() == sorted(summary.select("model", "n").rows())
     assert read_table(first.comparisons, COMPARISON_SCHEMA).height == 2 * 3 * 2
-    metrics = json.loads(first.metrics.read_text(encoding="utf-8"))
+    metrics = json.loads(first.stats.metrics.read_text(encoding="utf-8"))
     assert metrics["silent"]["n5"] == {"deadlock_rate": 0.0, "reward_paper": 1.0}
     assert set(metrics["hierarchy"]) == {"n5", "n7"}
 

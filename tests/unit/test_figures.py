@@ -11,6 +11,7 @@ import pytest
 from coordgap.analysis import figures
 from coordgap.analysis.stats import (
     COMPONENT_SCHEMA,
+    SEAT_COLUMNS,
     SEAT_SCHEMA,
     StatsOutputs,
     episode_reward_schema,
@@ -18,35 +19,24 @@ from coordgap.analysis.stats import (
     read_table,
     reward_columns,
     summary_schema,
-    write_stats,
 )
 from coordgap.env.reward import RewardVariant
-from tests.conftest import ROOT
-from tests.unit.analysis_tables import CONFIG, episode, frame, table
+from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
     from matplotlib.figure import Figure
 
 pytestmark = pytest.mark.unit
 
-PAPER_REFERENCE = ROOT / "config" / "paper_reference.yaml"
-
 
 @pytest.fixture(scope="module")
 def stats(tmp_path_factory: pytest.TempPathFactory) -> StatsOutputs:
     """The statistics tables of a tiny fixture: four models at two sizes, one model with `@`."""
-    folder = tmp_path_factory.mktemp("stats")
     trained = frame([episode("m@best_val", 5, i, meals=[1, 0, 0, 0, 1], think=i) for i in range(3)])
     episodes = pl.concat([table(sizes=(5, 7)), trained])
-    path = folder / "episodes.parquet"
-    episodes.write_parquet(path)
-    names = ("summary", "comparisons", "power", "components", "seats", "episode_rewards")
-    outputs = StatsOutputs(*(folder / f"{name}.csv" for name in names), folder / "metrics.json")
-    write_stats([path], PAPER_REFERENCE, CONFIG, outputs)
-    return outputs
+    return write_tables(episodes, tmp_path_factory.mktemp("stats") / "tables").stats
 
 
 def _check_labels_and_legend(figure: Figure) -> None:
@@ -61,16 +51,17 @@ def _check_labels_and_legend(figure: Figure) -> None:
 
 
 def _draw_twice(
-    write: Callable[..., None], args: tuple, tmp_path: Path, name: str
-) -> tuple[Path, Path, Path]:
-    files = tuple(tmp_path / f"{name}.{ext}" for ext in ("png", "pdf", "csv"))
-    write(*args, *files)
+    figure: str, table_csv: Path, tmp_path: Path, variant: RewardVariant | None = None
+) -> Path:
+    """Write a figure twice: same bytes, no creation date; return its CSV."""
+    files = tuple(tmp_path / f"{figure}.{ext}" for ext in ("png", "pdf", "csv"))
+    figures.write_figure(figure, table_csv, *files, variant=variant)
     first = [path.read_bytes() for path in files]
-    write(*args, *files)
-    assert [path.read_bytes() for path in files] == first, name
+    figures.write_figure(figure, table_csv, *files, variant=variant)
+    assert [path.read_bytes() for path in files] == first, figure
     assert b"CreationDate" not in first[1]
     assert all(first)
-    return files
+    return files[2]
 
 
 @pytest.mark.parametrize("variant", [RewardVariant.PAPER, RewardVariant.SHAPED])
@@ -78,7 +69,7 @@ def test_reward_figure(stats: StatsOutputs, tmp_path: Path, variant: RewardVaria
     summary = read_table(stats.summary, summary_schema(CONFIG.variants))
     figure, data = figures.reward_figure(summary, variant)
     _check_labels_and_legend(figure)
-    _, _, csv = _draw_twice(figures.write_reward_figure, (stats.summary, variant), tmp_path, "r")
+    csv = _draw_twice("reward", stats.summary, tmp_path, variant)
     columns = ["model", "n", *reward_columns(variant)]
     assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
         summary.select(columns)
@@ -90,7 +81,7 @@ def test_deadlock_figure(stats: StatsOutputs, tmp_path: Path) -> None:
     summary = read_table(stats.summary, summary_schema(CONFIG.variants))
     figure, _ = figures.deadlock_figure(summary)
     _check_labels_and_legend(figure)
-    _, _, csv = _draw_twice(figures.write_deadlock_figure, (stats.summary,), tmp_path, "d")
+    csv = _draw_twice("deadlock", stats.summary, tmp_path)
     columns = ["model", "n", *figures.DEADLOCK_COLUMNS]
     assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
         summary.select(columns)
@@ -109,8 +100,7 @@ def test_reward_vs_meals_figure(
     lines = [line for axes in figure.axes for line in axes.get_lines()]
     best = {line.get_ydata()[0] for line in lines if line.get_label() == "best without a meal"}
     assert best == {1.0 if variant is RewardVariant.PAPER else 0.0}
-    write = figures.write_reward_vs_meals_figure
-    _, _, csv = _draw_twice(write, (stats.episode_rewards, variant), tmp_path, "m")
+    csv = _draw_twice("reward_vs_meals", stats.episode_rewards, tmp_path, variant)
     columns = ["model", "n", "episode", "meals_total", f"reward_{variant}"]
     schema = episode_reward_schema(CONFIG.variants)
     assert read_columns(csv, {c: schema[c] for c in columns}).equals(rewards.select(columns))
@@ -121,8 +111,7 @@ def test_components_figure(stats: StatsOutputs, tmp_path: Path, variant: RewardV
     components = read_table(stats.components, COMPONENT_SCHEMA)
     figure, _ = figures.components_figure(components, variant)
     _check_labels_and_legend(figure)
-    write = figures.write_components_figure
-    _, _, csv = _draw_twice(write, (stats.components, variant), tmp_path, "c")
+    csv = _draw_twice("components", stats.components, tmp_path, variant)
     expected = components.filter(pl.col("variant") == str(variant))
     assert read_table(csv, COMPONENT_SCHEMA).equals(expected)
     # The diamonds sit at the mean rewards of the summary.
@@ -136,6 +125,6 @@ def test_meals_by_seat_figure(stats: StatsOutputs, tmp_path: Path) -> None:
     seats = read_table(stats.seats, SEAT_SCHEMA)
     figure, _ = figures.meals_by_seat_figure(seats)
     _check_labels_and_legend(figure)
-    _, _, csv = _draw_twice(figures.write_meals_by_seat_figure, (stats.seats,), tmp_path, "s")
-    columns = ["model", "n", "seat", *figures.SEAT_COLUMNS]
+    csv = _draw_twice("meals_by_seat", stats.seats, tmp_path)
+    columns = ["model", "n", "seat", *SEAT_COLUMNS]
     assert read_columns(csv, {c: SEAT_SCHEMA[c] for c in columns}).equals(seats.select(columns))

@@ -10,21 +10,27 @@ import polars as pl
 import pytest
 import yaml
 
-from coordgap.analysis.monitors import write_monitors
 from coordgap.analysis.paper import check_published
 from coordgap.analysis.provenance import Provenance, config_digest, git_commit
 from coordgap.analysis.report import ReportInputs, figure_catalog, write_report
-from coordgap.analysis.stats import StatsOutputs, summarize, write_stats
+from coordgap.analysis.stats import summarize
 from coordgap.env.reward import RewardVariant
 from tests.conftest import ROOT, TINY_CONFIG
-from tests.unit.analysis_tables import CONFIG, MONITORS, episode, frame, table
+from tests.unit.analysis_tables import (
+    COMPARE,
+    CONFIG,
+    PAPER_REFERENCE,
+    episode,
+    frame,
+    table,
+    write_tables,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.unit
 
-PAPER_REFERENCE = ROOT / "config" / "paper_reference.yaml"
 PROVENANCE = Provenance(
     config_digest="0" * 64, commit="abc123", python="3.11.7", packages={"polars": "2.1.0"}
 )
@@ -43,36 +49,27 @@ def study_config() -> dict[str, Any]:
         ]
     }
     config["experiment"] = {"sizes": [5, 7], "episodes_per_cell": 6}
-    config["analysis"]["comparisons"] = [list(pair) for pair in CONFIG.comparisons]
+    config["analysis"]["comparisons"] = [list(pair) for pair in COMPARE.comparisons]
     config["analysis"]["timeline"] = {"model": "left_first", "n": 5, "episode": 0}
     return config
 
 
-def make_inputs(folder: Path, paper: dict[str, Any] | None = None) -> ReportInputs:
-    """Statistics and monitors of the fixture (with a model whose every episode errored)."""
-    folder.mkdir(parents=True)
+def make_inputs(folder: Path, paper: dict[str, Any]) -> ReportInputs:
+    """Every table of the fixture (with a model whose every episode errored), figure paths."""
     crashed = frame([episode("crashed", 5, i, status="error") for i in range(2)])
-    path = folder / "episodes.parquet"
-    pl.concat([table(sizes=(5, 7)), crashed]).write_parquet(path)
-    stats = folder / "stats"
-    stats.mkdir()
-    names = ("summary", "comparisons", "power", "components", "seats", "episode_rewards")
-    outputs = StatsOutputs(*(stats / f"{name}.csv" for name in names), folder / "metrics.json")
-    write_stats([path], PAPER_REFERENCE, CONFIG, outputs)
-    write_monitors([path], MONITORS, stats / "monitors.csv")
+    written = write_tables(pl.concat([table(sizes=(5, 7)), crashed]), folder / "stats")
     reference = folder / "paper.yaml"
-    paper = paper or yaml.safe_load(PAPER_REFERENCE.read_text(encoding="utf-8"))
     reference.write_text(yaml.safe_dump(paper, sort_keys=False), encoding="utf-8")
     figures = folder / "figures"
     return ReportInputs(
-        summary=outputs.summary,
-        comparisons=outputs.comparisons,
-        power=outputs.power,
-        monitors=stats / "monitors.csv",
+        summary=written.stats.summary,
+        comparisons=written.comparisons,
+        power=written.power,
+        monitors=written.monitors,
         paper_reference=reference,
         figures=[figures / f"{stem}.png" for stem in figure_catalog(CONFIG.variants)],
         timeline=figures / "timeline.png",
-        tables=[outputs.components, outputs.seats],
+        tables=[written.stats.components, written.stats.seats],
     )
 
 
@@ -145,8 +142,9 @@ def test_monitors_are_flagged_beside_their_model(report: tuple[str, ReportInputs
     assert (
         "| silent | 5 | 6 | 1.00 | 0.00 | 1.00 | 0.00 | **degenerate**, **no_call** |" in monitors
     )
-    assert "- **no_call**: silent (N=5), silent (N=7)" in monitors
-    assert "- **all_think**: idle (N=5), idle (N=7)" in monitors
+    assert "- **no_call**: silent (N=5, 7)" in monitors
+    assert "- **all_think**: idle (N=5, 7)" in monitors
+    assert "- **starvation**: left_first (N=5, 7)" in monitors
     assert "flagged at 0.5 or more" in monitors
 
 

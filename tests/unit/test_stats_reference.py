@@ -25,14 +25,15 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
+from coordgap.analysis.comparisons import holm, power_table, welch
 from coordgap.analysis.intervals import (
     bootstrap_difference_ci,
     bootstrap_mean_ci,
     newcombe_interval,
     wilson_interval,
 )
-from coordgap.analysis.stats import holm, power_table, summarize, welch
-from tests.unit.analysis_tables import CONFIG, table
+from coordgap.analysis.stats import summarize
+from tests.unit.analysis_tables import COMPARE, CONFIG, POWER, table
 
 pytestmark = pytest.mark.unit
 
@@ -63,11 +64,11 @@ WELCH_EXAMPLES = [
 
 
 @pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
-def test_welch_matches_the_published_examples_scipy_and_a_hand_computation(
+def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
     x: list[float], y: list[float], published: tuple[float, float, float]
 ) -> None:
     a, b = np.array(x), np.array(y)
-    got = welch(a, b, CONFIG)
+    got = welch(a, b, COMPARE)
     t, dof, p = published
     # Published to two or three decimals.
     assert got["t"] == pytest.approx(t, abs=0.01)
@@ -87,7 +88,7 @@ def test_hedges_g_and_its_interval_match_a_hand_computation(
     x: list[float], y: list[float], published: tuple[float, float, float]
 ) -> None:
     a, b = np.array(x), np.array(y)
-    got = welch(a, b, CONFIG)
+    got = welch(a, b, COMPARE)
     na, nb = a.size, b.size
     pooled = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
     g = (a.mean() - b.mean()) / pooled * (1 - 3 / (4 * (na + nb) - 9))
@@ -175,7 +176,7 @@ def test_holm_leaves_an_undefined_p_out_of_the_family() -> None:
 
 
 def test_power_table_against_cohen_and_statsmodels() -> None:
-    power = power_table(summarize(table(), CONFIG), 30, CONFIG)
+    power = power_table(summarize(table(), CONFIG), 30, POWER)
     required, paper, ours = power.rows(named=True)
     # Cohen (1988), Table 2.4.1: 64 per group for d = 0.5, two-sided alpha 0.05, power 0.80.
     assert required["episodes_per_cell"] == 64

@@ -1,4 +1,4 @@
-"""Adapter of rule compute_stats: every statistics table and the DVC metrics."""
+"""Adapter of rule compute_stats: the summary, its breakdowns and the DVC metrics."""
 
 from coordgap.analysis.stats import StatsOutputs, write_stats
 from coordgap.config import AnalysisConfig
@@ -9,12 +9,9 @@ with job_log(snakemake.log[0], "compute_stats") as log:
     output = snakemake.output
     write_stats(
         episode_paths=snakemake.input.episodes,
-        paper_reference_yaml=snakemake.input.paper_reference,
         config=AnalysisConfig.from_dict(snakemake.params.reward, snakemake.params.analysis),
         outputs=StatsOutputs(
             summary=output.summary,
-            comparisons=output.comparisons,
-            power=output.power,
             components=output.components,
             seats=output.seats,
             episode_rewards=output.episode_rewards,

@@ -12,20 +12,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+from matplotlib.ticker import MaxNLocator
 
 from coordgap.analysis.stats import (
     COMPONENT_SCHEMA,
+    SEAT_COLUMNS,
     SEAT_SCHEMA,
     episode_reward_schema,
     read_columns,
-    read_table,
     reward_columns,
 )
 from coordgap.analysis.style import GREYS, HATCHES, marks, new_figure, save_figure, styled
 from coordgap.env.reward import RewardVariant
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from matplotlib.axes import Axes
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 _GROUP_WIDTH = 0.8  # share of the space between two x positions taken by one group of models
 
 DEADLOCK_COLUMNS = ("deadlock_rate", "deadlock_ci_low", "deadlock_ci_high")
-SEAT_COLUMNS = ("meals_mean", "meals_ci_low", "meals_ci_high")
 # The components' names in figures, in the order of coordgap.env.reward.SIGNS.
 COMPONENT_LABELS = {
     "nd": "no deadlock (+)",
@@ -85,6 +85,12 @@ def _dodged_intervals(
             label=model,
         )
     axes.set_xticks(range(len(positions)), [str(v) for v in positions])
+
+
+def _shared_legend(figure: Figure, panels: Sequence[Axes], title: str | None = None) -> None:
+    """One legend for side-by-side panels, right of them, from the first panel's entries."""
+    handles, labels = panels[0].get_legend_handles_labels()
+    figure.legend(handles, labels, title=title, loc="outside right upper")
 
 
 def reward_figure(summary: pl.DataFrame, variant: RewardVariant) -> tuple[Figure, pl.DataFrame]:
@@ -167,11 +173,11 @@ def reward_vs_meals_figure(
             axes.axhline(
                 best, color="0.2", linestyle="--", linewidth=0.8, label="best without a meal"
             )
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # meals are counts
         axes.set_title(f"N={n}")
         axes.set_xlabel("meals in the episode")
     panels[0].set_ylabel(f"episode {variant} reward")
-    handles, labels = panels[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right upper")
+    _shared_legend(figure, panels)
     return figure, data
 
 
@@ -237,8 +243,7 @@ def components_figure(
         axes.set_title(f"N={n}")
         axes.set_xlabel("model")
     panels[0].set_ylabel(f"mean {variant} reward, by term")
-    handles, labels = panels[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right upper")
+    _shared_legend(figure, panels)
     return figure, data
 
 
@@ -262,112 +267,58 @@ def meals_by_seat_figure(seats: pl.DataFrame) -> tuple[Figure, pl.DataFrame]:
         axes.set_title(f"N={n}")
         axes.set_xlabel("seat")
     panels[0].set_ylabel("mean meals per episode (bootstrap CI)")
-    handles, labels = panels[0].get_legend_handles_labels()
-    figure.legend(handles, labels, title="model", loc="outside right upper")
+    _shared_legend(figure, panels, title="model")
     return figure, data
 
 
-def _summary_columns(summary_csv: str | Path, columns: Sequence[str]) -> pl.DataFrame:
-    dtypes = {"model": pl.String(), "n": pl.Int64()} | dict.fromkeys(columns, pl.Float64())
-    return read_columns(summary_csv, dtypes)
+def _summary_columns(columns: Sequence[str]) -> dict[str, pl.DataType]:
+    return {"model": pl.String(), "n": pl.Int64()} | dict.fromkeys(columns, pl.Float64())
 
 
-def write_reward_figure(
-    summary_csv: str | Path,
-    variant: RewardVariant | str,
+# Figure name -> (the columns it reads from its table, for a variant; how it is drawn).
+_FIGURES: dict[
+    str,
+    tuple[
+        Callable[[RewardVariant | None], dict[str, pl.DataType]],
+        Callable[[pl.DataFrame, RewardVariant | None], tuple[Figure, pl.DataFrame]],
+    ],
+] = {
+    "reward": (lambda variant: _summary_columns(reward_columns(variant)), reward_figure),
+    "deadlock": (
+        lambda _: _summary_columns(DEADLOCK_COLUMNS),
+        lambda summary, _: deadlock_figure(summary),
+    ),
+    "reward_vs_meals": (lambda variant: episode_reward_schema([variant]), reward_vs_meals_figure),
+    "components": (lambda _: COMPONENT_SCHEMA, components_figure),
+    "meals_by_seat": (lambda _: SEAT_SCHEMA, lambda seats, _: meals_by_seat_figure(seats)),
+}
+
+FIGURES = tuple(_FIGURES)
+"""The figures :func:`write_figure` draws."""
+
+
+def write_figure(
+    figure: str,
+    table_csv: str | Path,
     png: str | Path,
     pdf: str | Path,
     csv: str | Path,
+    variant: RewardVariant | str | None = None,
 ) -> None:
-    """Draw :func:`reward_figure` from the summary CSV and write it with its data.
+    """Read a statistics table, draw one of ``FIGURES`` from it, and write it with its data.
 
     Args:
-        summary_csv: The summary written by :func:`coordgap.analysis.stats.write_stats`.
-        variant: The reward variant, or its name.
+        figure: The figure: ``reward``, ``reward_vs_meals`` and ``components`` (drawn per
+            reward variant) from the summary, episode-rewards and components tables;
+            ``deadlock`` from the summary; ``meals_by_seat`` from the seats table.
+        table_csv: That table, as written by :func:`coordgap.analysis.stats.write_stats`.
         png: Output PNG file.
         pdf: Output PDF file.
         csv: Output CSV file of the numbers shown.
+        variant: The reward variant of a per-variant figure, or its name.
     """
-    variant = RewardVariant(variant)
-    summary = _summary_columns(summary_csv, reward_columns(variant))
+    variant = None if variant is None else RewardVariant(variant)
+    columns, draw = _FIGURES[figure]
+    table = read_columns(table_csv, columns(variant))
     with styled():
-        save_figure(*reward_figure(summary, variant), png, pdf, csv)
-
-
-def write_deadlock_figure(
-    summary_csv: str | Path, png: str | Path, pdf: str | Path, csv: str | Path
-) -> None:
-    """Draw :func:`deadlock_figure` from the summary CSV and write it with its data.
-
-    Args:
-        summary_csv: The summary written by :func:`coordgap.analysis.stats.write_stats`.
-        png: Output PNG file.
-        pdf: Output PDF file.
-        csv: Output CSV file of the numbers shown.
-    """
-    summary = _summary_columns(summary_csv, DEADLOCK_COLUMNS)
-    with styled():
-        save_figure(*deadlock_figure(summary), png, pdf, csv)
-
-
-def write_reward_vs_meals_figure(
-    episode_rewards_csv: str | Path,
-    variant: RewardVariant | str,
-    png: str | Path,
-    pdf: str | Path,
-    csv: str | Path,
-) -> None:
-    """Draw :func:`reward_vs_meals_figure` from the episode-rewards CSV and write it with its data.
-
-    Args:
-        episode_rewards_csv: The per-episode table written by
-            :func:`coordgap.analysis.stats.write_stats`.
-        variant: The reward variant, or its name.
-        png: Output PNG file.
-        pdf: Output PDF file.
-        csv: Output CSV file of the numbers shown.
-    """
-    variant = RewardVariant(variant)
-    schema = episode_reward_schema([variant])
-    rewards = read_columns(episode_rewards_csv, schema)
-    with styled():
-        save_figure(*reward_vs_meals_figure(rewards, variant), png, pdf, csv)
-
-
-def write_components_figure(
-    components_csv: str | Path,
-    variant: RewardVariant | str,
-    png: str | Path,
-    pdf: str | Path,
-    csv: str | Path,
-) -> None:
-    """Draw :func:`components_figure` from the components CSV and write it with its data.
-
-    Args:
-        components_csv: The components table written by
-            :func:`coordgap.analysis.stats.write_stats`.
-        variant: The reward variant, or its name.
-        png: Output PNG file.
-        pdf: Output PDF file.
-        csv: Output CSV file of the numbers shown.
-    """
-    variant = RewardVariant(variant)
-    components = read_table(components_csv, COMPONENT_SCHEMA)
-    with styled():
-        save_figure(*components_figure(components, variant), png, pdf, csv)
-
-
-def write_meals_by_seat_figure(
-    seats_csv: str | Path, png: str | Path, pdf: str | Path, csv: str | Path
-) -> None:
-    """Draw :func:`meals_by_seat_figure` from the seats CSV and write it with its data.
-
-    Args:
-        seats_csv: The seats table written by :func:`coordgap.analysis.stats.write_stats`.
-        png: Output PNG file.
-        pdf: Output PDF file.
-        csv: Output CSV file of the numbers shown.
-    """
-    seats = read_table(seats_csv, SEAT_SCHEMA)
-    with styled():
-        save_figure(*meals_by_seat_figure(seats), png, pdf, csv)
+        save_figure(*draw(table, variant), png, pdf, csv)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from coordgap.analysis.stats import load_episodes, write_csv
+from coordgap.analysis.stats import OK, load_episodes, write_csv
 from coordgap.env.reward import RewardVariant, reward_expr
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ MONITOR_SCHEMA: dict[str, pl.DataType] = {
     **{name: pl.Boolean() for name in MONITORS},
 }
 
-_OK = pl.col("status") == "ok"
-
 
 def monitor(episodes: pl.DataFrame, config: MonitorConfig) -> pl.DataFrame:
     """Compute every monitor's share and flag for every model x N cell.
@@ -67,14 +65,14 @@ def monitor(episodes: pl.DataFrame, config: MonitorConfig) -> pl.DataFrame:
         "all_think_share": (pl.col("actions") > 0) & (pl.col("think") == pl.col("actions")),
         "starvation_share": ~no_meal & (pl.col("meals_per_philosopher").list.min() == 0),
     }
-    decisions = pl.col("decisions").filter(_OK).sum()
+    decisions = pl.col("decisions").filter(OK).sum()
     cells = (
         episodes.group_by("model", "n")
         .agg(
-            _OK.sum().cast(pl.Int64).alias("episodes"),
-            *(flag.filter(_OK).mean().alias(name) for name, flag in per_episode.items()),
+            OK.sum().cast(pl.Int64).alias("episodes"),
+            *(flag.filter(OK).mean().alias(name) for name, flag in per_episode.items()),
             pl.when(decisions > 0)
-            .then(pl.col("no_call").filter(_OK).sum() / decisions)
+            .then(pl.col("no_call").filter(OK).sum() / decisions)
             .alias("no_call_rate"),
         )
         .sort("model", "n")

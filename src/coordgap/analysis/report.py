@@ -18,17 +18,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import yaml
 
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
-from coordgap.analysis.stats import (
-    COMPARISON_SCHEMA,
-    POWER_SCHEMA,
-    read_table,
-    reward_columns,
-    reward_sd_column,
-    summary_schema,
-)
-from coordgap.config import AnalysisConfig, MonitorConfig, cell_episodes
+from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
+from coordgap.config import AnalysisConfig, ComparisonConfig, MonitorConfig, cell_episodes
 from coordgap.env.reward import RewardVariant
 
 if TYPE_CHECKING:
@@ -136,13 +130,14 @@ def _setup_section(config: dict[str, Any], provenance: Provenance) -> str:
     return "## Setup\n\n" + design + "\n\n" + _table(["Item", "Value"], facts)
 
 
-def _method_section(config: AnalysisConfig, monitors: MonitorConfig) -> str:
+def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str:
+    config = comparing.analysis
     definitions = "\n".join(
         f"- `{variant}`: {_DEFINITIONS[variant].format(w=config.weights)}"
         for variant in config.variants
     )
     confidence = f"{config.confidence * 100:g}%"
-    power = config.power
+    power = comparing.power
     return (
         "## Method\n\n"
         "Each cell is one model at one table size N. Episodes that ended in an error are "
@@ -303,20 +298,57 @@ def _monitors_section(monitors: pl.DataFrame, config: MonitorConfig) -> str:
         ]
         for row in monitors.iter_rows(named=True)
     ]
-    flagged_cells = {
-        name: [
-            f"{row['model']} (N={row['n']})" for row in monitors.iter_rows(named=True) if row[name]
-        ]
-        for name in MONITORS
-    }
-    summary = "\n".join(
-        f"- **{name}**: {', '.join(cells) if cells else 'no cell'}"
-        for name, cells in flagged_cells.items()
-    )
+    lines = []
+    for name in MONITORS:
+        sizes = (
+            monitors.filter(pl.col(name))
+            .group_by("model", maintain_order=True)
+            .agg(pl.col("n").sort().cast(pl.String).str.join(", "))
+        )
+        cells = "; ".join(f"{model} (N={n})" for model, n in sizes.iter_rows())
+        lines.append(f"- **{name}**: {cells or 'no cell'}")
+    summary = "\n".join(lines)
     return (
         "## Monitors\n\nDegenerate policies score well by not playing. Per model and N:\n\n"
         f"{definitions}\n\n" + _table(header, rows) + f"\n\nFlagged cells:\n\n{summary}"
     )
+
+
+# Every figure of the report, in order: its file stem (with {variant} for one figure per reward
+# variant), title and caption.
+_FIGURE_CATALOG = (
+    (
+        "reward_{variant}",
+        "Mean `{variant}` reward by model and N",
+        "Each model's mean episode reward with its percentile-bootstrap interval, side by side "
+        "at each table size.",
+    ),
+    (
+        "deadlock",
+        "Deadlock rate by model and N",
+        "The share of episodes that deadlocked, with Wilson score intervals.",
+    ),
+    (
+        "reward_vs_meals_{variant}",
+        "`{variant}` reward against meals, per episode",
+        "Every episode as one mark; the shaded band holds episodes without a meal and the dashed "
+        "line the best score reached without one. Marks on that line at zero meals are the "
+        "degenerate maximum: the score of not playing.",
+    ),
+    (
+        "components_{variant}",
+        "`{variant}` reward by term",
+        "Each model's mean reward split into its signed, weighted terms: rewards stacked up from "
+        "zero, penalties down; the diamond is their sum, the mean reward.",
+    ),
+    (
+        "meals_by_seat",
+        "Meals by seat",
+        "Mean meals per episode at each seat with bootstrap intervals: the audit of tie-breaks "
+        "and of seat-dependent policies (equal under a symmetric policy with random "
+        "tie-breaks).",
+    ),
+)
 
 
 def figure_catalog(variants: Sequence[RewardVariant]) -> dict[str, tuple[str, str]]:
@@ -329,35 +361,9 @@ def figure_catalog(variants: Sequence[RewardVariant]) -> dict[str, tuple[str, st
         File stem (e.g. ``reward_paper``) -> (title, caption).
     """
     catalog: dict[str, tuple[str, str]] = {}
-    for variant in variants:
-        catalog[f"reward_{variant}"] = (
-            f"Mean `{variant}` reward by model and N",
-            "Each model's mean episode reward with its percentile-bootstrap interval, side by "
-            "side at each table size.",
-        )
-    catalog["deadlock"] = (
-        "Deadlock rate by model and N",
-        "The share of episodes that deadlocked, with Wilson score intervals.",
-    )
-    for variant in variants:
-        catalog[f"reward_vs_meals_{variant}"] = (
-            f"`{variant}` reward against meals, per episode",
-            "Every episode as one mark; the shaded band holds episodes without a meal and the "
-            "dashed line the best score reached without one. Marks above the line's right end "
-            "would show eating paying off; marks on it show the degenerate maximum.",
-        )
-    for variant in variants:
-        catalog[f"components_{variant}"] = (
-            f"`{variant}` reward by term",
-            "Each model's mean reward split into its signed, weighted terms: rewards stacked "
-            "up from zero, penalties down; the diamond is their sum, the mean reward.",
-        )
-    catalog["meals_by_seat"] = (
-        "Meals by seat",
-        "Mean meals per episode at each seat with bootstrap intervals: the audit of "
-        "tie-breaks and of seat-dependent policies (equal under a symmetric policy with random "
-        "tie-breaks).",
-    )
+    for stem, title, caption in _FIGURE_CATALOG:
+        for variant in variants if "{variant}" in stem else [None]:
+            catalog[stem.format(variant=variant)] = (title.format(variant=variant), caption)
     return catalog
 
 
@@ -520,7 +526,8 @@ def write_report(
         out_md: The report file; links to figures and tables are relative to its folder.
     """
     out_md = Path(out_md)
-    analysis = AnalysisConfig.from_dict(config["reward"], config["analysis"])
+    comparing = ComparisonConfig.from_dict(config["reward"], config["analysis"])
+    analysis = comparing.analysis
     monitor_config = MonitorConfig.from_dict(config["reward"], config["analysis"]["monitors"])
     summary = read_table(inputs.summary, summary_schema(analysis.variants))
     comparisons = read_table(inputs.comparisons, COMPARISON_SCHEMA)
@@ -530,7 +537,7 @@ def write_report(
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
         _setup_section(config, provenance),
-        _method_section(analysis, monitor_config),
+        _method_section(comparing, monitor_config),
         _rewards_section(summary, monitors, analysis),
         _behaviour_section(summary),
         _comparisons_section(comparisons),

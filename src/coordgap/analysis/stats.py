@@ -1,4 +1,4 @@
-"""Statistics of episode tables: cell summaries, comparisons, power, and their breakdowns.
+"""Statistics of episode tables: per-cell summaries and their breakdowns.
 
 A cell is one model at one table size N. Only episodes with status ``ok`` enter a statistic;
 every other episode is counted in the cell's ``errors`` column, so a transport failure never
@@ -12,40 +12,24 @@ Tables (DESIGN.md §7), all polars, written as CSV by :func:`write_stats`:
 * ``summary``: per cell, each variant's mean reward with its bootstrap CI and SD; deadlock and
   zero-meal rates with Wilson CIs; meals, throughput, fairness, idle, failed and no-call rates;
   tokens and latency per decision where the model recorded them.
-* ``comparisons``: per family of comparisons, variant, pair and N: Welch's t-test; Hedges' g
-  with its CI and the test's achieved power; the mean difference with a bootstrap CI;
-  Mann-Whitney U as a robustness check; the deadlock-rate difference with Newcombe's CI. Holm's
-  correction runs within each family and variant.
-* ``power``: the episodes per cell a two-sample t-test needs for the configured effect, beside
-  the paper's design and ours.
 * ``components``: each variant's mean reward split into its four signed, weighted terms.
 * ``seats``: meals by seat (the tie-break audit).
 * ``episode_rewards``: every ok episode's meals and rewards.
 
-Statistics that are undefined are null (NaN never reaches a file), and comparisons say why in
-their ``note``.
+Comparisons and power are in :mod:`coordgap.analysis.comparisons`. Statistics that are
+undefined are null, and NaN never reaches a file.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pingouin as pg
 import polars as pl
-import yaml
 
-from coordgap.analysis.intervals import (
-    bootstrap_difference_ci,
-    bootstrap_mean_ci,
-    newcombe_interval,
-    wilson_interval,
-)
+from coordgap.analysis.intervals import bootstrap_mean_ci, wilson_interval
 from coordgap.env.reward import SIGNS, RewardVariant, component_exprs, reward_expr
 
 if TYPE_CHECKING:
@@ -54,49 +38,6 @@ if TYPE_CHECKING:
     from coordgap.config import AnalysisConfig
 
 DECIMALS = 6  # written floats are rounded so that the files are byte-stable across platforms
-
-COMPARISON_SCHEMA: dict[str, pl.DataType] = {
-    "family": pl.String(),
-    "variant": pl.String(),
-    "model_a": pl.String(),
-    "model_b": pl.String(),
-    "n": pl.Int64(),
-    "episodes_a": pl.Int64(),
-    "episodes_b": pl.Int64(),
-    "mean_a": pl.Float64(),
-    "mean_b": pl.Float64(),
-    "diff": pl.Float64(),
-    "diff_ci_low": pl.Float64(),
-    "diff_ci_high": pl.Float64(),
-    "t": pl.Float64(),
-    "dof": pl.Float64(),
-    "p": pl.Float64(),
-    "p_holm": pl.Float64(),
-    "hedges_g": pl.Float64(),
-    "hedges_g_ci_low": pl.Float64(),
-    "hedges_g_ci_high": pl.Float64(),
-    "power": pl.Float64(),
-    "mwu_u": pl.Float64(),
-    "mwu_p": pl.Float64(),
-    "mwu_p_holm": pl.Float64(),
-    "deadlock_rate_a": pl.Float64(),
-    "deadlock_rate_b": pl.Float64(),
-    "deadlock_diff": pl.Float64(),
-    "deadlock_diff_ci_low": pl.Float64(),
-    "deadlock_diff_ci_high": pl.Float64(),
-    "note": pl.String(),
-}
-
-POWER_SCHEMA: dict[str, pl.DataType] = {
-    "design": pl.String(),
-    "episodes_per_cell": pl.Int64(),
-    "cells": pl.Int64(),
-    "effect_size": pl.Float64(),
-    "alpha": pl.Float64(),
-    "power_at_effect": pl.Float64(),
-    "target_power": pl.Float64(),
-    "detectable_effect": pl.Float64(),
-}
 
 COMPONENT_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
@@ -107,6 +48,9 @@ COMPONENT_SCHEMA: dict[str, pl.DataType] = {
     "value_mean": pl.Float64(),
     "contribution": pl.Float64(),
 }
+
+# The seats table's mean meals and its interval.
+SEAT_COLUMNS = ("meals_mean", "meals_ci_low", "meals_ci_high")
 
 SEAT_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
@@ -120,7 +64,8 @@ SEAT_SCHEMA: dict[str, pl.DataType] = {
     "starved_rate": pl.Float64(),
 }
 
-_OK = pl.col("status") == "ok"
+# Only episodes that ended without a transport error enter a statistic.
+OK = pl.col("status") == "ok"
 _RATES = ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
 # Per-decision costs, from the episode columns that language models fill and scripted ones
 # leave at zero.
@@ -245,8 +190,8 @@ def _ok_ratio(numerator: str, denominator: str, *, recorded_only: bool = False) 
     With ``recorded_only``, also null when the numerator is zero throughout: costs that only
     language models record (tokens, latency) are then absent rather than free.
     """
-    total = pl.col(denominator).filter(_OK).sum()
-    part = pl.col(numerator).filter(_OK).sum()
+    total = pl.col(denominator).filter(OK).sum()
+    part = pl.col(numerator).filter(OK).sum()
     defined = (total > 0) & (part > 0) if recorded_only else total > 0
     return pl.when(defined).then(part / total)
 
@@ -258,6 +203,23 @@ def _wilson_columns(
     return [
         pl.Series(f"{prefix}_ci_low", [low for low, _ in bounds], dtype=pl.Float64),
         pl.Series(f"{prefix}_ci_high", [high for _, high in bounds], dtype=pl.Float64),
+    ]
+
+
+def _bootstrap_columns(
+    samples: pl.Series, names: Sequence[str], config: AnalysisConfig
+) -> list[pl.Series]:
+    """Estimate each sample's mean with its bootstrap CI, as three columns named ``names``."""
+    estimates = [
+        bootstrap_mean_ci(
+            sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
+        )
+        for sample in samples
+    ]
+    columns = zip(*estimates, strict=True) if estimates else ([], [], [])
+    return [
+        pl.Series(name, column, dtype=pl.Float64)
+        for name, column in zip(names, columns, strict=True)
     ]
 
 
@@ -277,15 +239,15 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
         with_rewards(episodes, config)
         .group_by("model", "n")
         .agg(
-            _OK.sum().cast(pl.Int64).alias("episodes"),
-            (~_OK).sum().cast(pl.Int64).alias("errors"),
-            pl.col("deadlock").filter(_OK).sum().alias("deadlocks"),
-            (pl.col("meals_total") == 0).filter(_OK).sum().alias("zero_meals"),
-            pl.col("meals_total").filter(_OK).mean().alias("meals_mean"),
-            pl.col("meals_total").filter(_OK).std().alias("meals_sd"),
-            pl.col("r_thru").filter(_OK).mean().alias("throughput"),
-            pl.col("r_fair").filter(_OK).mean().alias("fairness"),
-            pl.col("r_idle").filter(_OK).mean().alias("idle"),
+            OK.sum().cast(pl.Int64).alias("episodes"),
+            (~OK).sum().cast(pl.Int64).alias("errors"),
+            pl.col("deadlock").filter(OK).sum().alias("deadlocks"),
+            (pl.col("meals_total") == 0).filter(OK).sum().alias("zero_meals"),
+            pl.col("meals_total").filter(OK).mean().alias("meals_mean"),
+            pl.col("meals_total").filter(OK).std().alias("meals_sd"),
+            pl.col("r_thru").filter(OK).mean().alias("throughput"),
+            pl.col("r_fair").filter(OK).mean().alias("fairness"),
+            pl.col("r_idle").filter(OK).mean().alias("idle"),
             _ok_ratio("failed", "decisions").alias("failed_rate"),
             _ok_ratio("no_call", "decisions").alias("no_call_rate"),
             *(
@@ -293,23 +255,16 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
                 for name, column in _COSTS.items()
             ),
             *(
-                pl.col(f"reward_{variant}").filter(_OK).std().alias(reward_sd_column(variant))
+                pl.col(f"reward_{variant}").filter(OK).std().alias(reward_sd_column(variant))
                 for variant in config.variants
             ),
-            *(pl.col(f"reward_{variant}").filter(_OK) for variant in config.variants),
+            *(pl.col(f"reward_{variant}").filter(OK) for variant in config.variants),
         )
         .sort("model", "n")
     )
     columns: list[pl.Series] = []
     for variant in config.variants:
-        estimates = [
-            bootstrap_mean_ci(
-                sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
-            )
-            for sample in cells[f"reward_{variant}"]
-        ]
-        for name, column in zip(reward_columns(variant), zip(*estimates, strict=True), strict=True):
-            columns.append(pl.Series(name, column, dtype=pl.Float64))
+        columns += _bootstrap_columns(cells[f"reward_{variant}"], reward_columns(variant), config)
     columns += _wilson_columns(cells["deadlocks"], cells["episodes"], "deadlock", config.confidence)
     columns += _wilson_columns(
         cells["zero_meals"], cells["episodes"], "zero_meal", config.confidence
@@ -324,205 +279,6 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
         .select(list(schema))
         .with_columns(pl.col(pl.Float64).fill_nan(None))
     )
-
-
-def comparison_families(config: AnalysisConfig) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Group the comparisons into families; Holm's correction runs within each (and variant).
-
-    Today there is one family, the pairs of ``analysis.comparisons``. Another question asked of
-    the same episodes (a trained checkpoint against its base model, say) is another family,
-    built here from its own config, so that its tests do not dilute these.
-
-    Args:
-        config: The analysis configuration.
-
-    Returns:
-        Family name -> its (model a, model b) pairs, in config order.
-    """
-    return {"configured": config.comparisons}
-
-
-_TESTS = ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "hedges_g_ci_high", "power")
-
-
-def welch(x: np.ndarray, y: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
-    """Run Welch's t-test, Hedges' g with its CI and the achieved power, or say why not."""
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        return dict.fromkeys(_TESTS, math.nan) | {"note": "zero variance in both samples"}
-    with warnings.catch_warnings():
-        # scipy calls one constant sample a "precision loss"; its variance is exactly zero,
-        # which Welch's test handles, so the warning would only be noise.
-        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-        test = pg.ttest(x, y, correction=True).iloc[0]
-    g = float(pg.compute_effsize(x, y, eftype="hedges"))
-    low, high = pg.compute_esci(
-        stat=g, nx=x.size, ny=y.size, eftype="hedges", confidence=config.confidence, decimals=15
-    )
-    # Power of the pooled two-sample t-test at the observed effect: Welch's test has no closed
-    # form, and with similar variances the two agree closely.
-    power = pg.power_ttest2n(x.size, y.size, d=abs(g), alpha=config.power.alpha)
-    return {
-        "t": float(test["T"]),
-        "dof": float(test["dof"]),
-        "p": float(test["p_val"]),
-        "hedges_g": g,
-        "hedges_g_ci_low": float(low),
-        "hedges_g_ci_high": float(high),
-        "power": float(power),
-        "note": None,
-    }
-
-
-def _pair(
-    a: pl.DataFrame | None,
-    b: pl.DataFrame | None,
-    names: tuple[str, str],
-    variant: RewardVariant,
-    config: AnalysisConfig,
-) -> dict[str, Any]:
-    """Compare the ``ok`` episodes of two models at one N under one variant."""
-    column = f"reward_{variant}"
-    x = a[column].to_numpy() if a is not None else np.empty(0)
-    y = b[column].to_numpy() if b is not None else np.empty(0)
-    deadlocks_a = int(a["deadlock"].sum()) if a is not None else 0
-    deadlocks_b = int(b["deadlock"].sum()) if b is not None else 0
-    mean_a = float(x.mean()) if x.size else math.nan
-    mean_b = float(y.mean()) if y.size else math.nan
-    rate_a = deadlocks_a / x.size if x.size else math.nan
-    rate_b = deadlocks_b / y.size if y.size else math.nan
-    row: dict[str, Any] = {
-        "episodes_a": x.size,
-        "episodes_b": y.size,
-        "mean_a": mean_a,
-        "mean_b": mean_b,
-        "diff": mean_a - mean_b,
-        "deadlock_rate_a": rate_a,
-        "deadlock_rate_b": rate_b,
-        "deadlock_diff": rate_a - rate_b,
-    }
-    bounds = newcombe_interval(deadlocks_a, x.size, deadlocks_b, y.size, config.confidence)
-    row["deadlock_diff_ci_low"], row["deadlock_diff_ci_high"] = bounds
-    row["diff_ci_low"], row["diff_ci_high"] = bootstrap_difference_ci(
-        x, y, config.confidence, config.bootstrap_resamples, config.seed
-    )
-    missing = [name for name, sample in zip(names, (x, y), strict=True) if sample.size == 0]
-    if missing:
-        note = "no ok episodes of " + " and ".join(missing)
-    elif min(x.size, y.size) < 2:
-        note = "fewer than two episodes in a sample"
-    else:
-        mwu = pg.mwu(x, y).iloc[0]
-        row |= {"mwu_u": float(mwu["U_val"]), "mwu_p": float(mwu["p_val"])} | welch(x, y, config)
-        return row
-    return row | dict.fromkeys((*_TESTS, "mwu_u", "mwu_p"), math.nan) | {"note": note}
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Adjust a family of p-values with Holm's step-down correction (pingouin).
-
-    Args:
-        p_values: The family; NaN marks a test that could not be run.
-
-    Returns:
-        The adjusted p-values in the same order; NaN stays NaN and stays out of the family.
-    """
-    tested = [i for i, p in enumerate(p_values) if not math.isnan(p)]
-    adjusted = [math.nan] * len(p_values)
-    if tested:
-        values = pg.multicomp([p_values[i] for i in tested], method="holm")[1]
-        for i, value in zip(tested, values, strict=True):
-            adjusted[i] = float(value)
-    return adjusted
-
-
-def compare(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
-    """Compare each family's model pairs at every N at which both models played.
-
-    Args:
-        episodes: Episode rows (DESIGN.md §5).
-        config: The analysis configuration.
-
-    Returns:
-        One row per family, variant, pair and N (in that order; pairs in config order, N
-        ascending) with the columns of ``COMPARISON_SCHEMA``. ``diff`` is ``mean_a - mean_b``;
-        ``p_holm`` and ``mwu_p_holm`` are Holm-adjusted within the family and variant. A pair
-        at an N where a model has no ``ok`` episode is kept, with a note saying so.
-    """
-    rewarded = with_rewards(episodes, config)
-    played = set(rewarded.select("model", "n").unique().iter_rows())
-    samples = rewarded.filter(_OK).partition_by("model", "n", as_dict=True)
-    rows: list[dict[str, Any]] = []
-    for family, pairs in comparison_families(config).items():
-        for variant in config.variants:
-            group = []
-            for a, b in pairs:
-                sizes = {n for model, n in played if model == a}
-                sizes &= {n for model, n in played if model == b}
-                for n in sorted(sizes):
-                    key = {"family": family, "variant": str(variant), "model_a": a, "model_b": b}
-                    compared = _pair(
-                        samples.get((a, n)), samples.get((b, n)), (a, b), variant, config
-                    )
-                    group.append(key | {"n": n} | compared)
-            for p, adjusted in (("p", "p_holm"), ("mwu_p", "mwu_p_holm")):
-                for row, value in zip(group, holm([r[p] for r in group]), strict=True):
-                    row[adjusted] = value
-            rows.extend(group)
-    return pl.DataFrame(rows, schema=COMPARISON_SCHEMA)
-
-
-def _design(
-    design: str, episodes: int, cells: int | None, config: AnalysisConfig
-) -> dict[str, Any]:
-    """Power at the configured effect, and the smallest detectable effect, of one design."""
-    settings = config.power
-    power = pg.power_ttest(
-        d=settings.effect_size, n=episodes, alpha=settings.alpha, contrast="two-samples"
-    )
-    detectable = pg.power_ttest(
-        n=episodes, power=settings.power, alpha=settings.alpha, contrast="two-samples"
-    )
-    return {
-        "design": design,
-        "episodes_per_cell": episodes,
-        "cells": cells,
-        "effect_size": settings.effect_size,
-        "alpha": settings.alpha,
-        "power_at_effect": float(power),
-        "target_power": settings.power,
-        "detectable_effect": float(detectable),
-    }
-
-
-def power_table(summary: pl.DataFrame, paper_episodes: int, config: AnalysisConfig) -> pl.DataFrame:
-    """Tabulate the a-priori power of two-sample comparisons under three designs.
-
-    ``required`` is the smallest number of episodes per cell that detects the configured
-    effect (Hedges' g) at the configured alpha with the configured power; ``paper`` is the
-    paper's episodes per cell; ``ours`` is one row per distinct number of ``ok`` episodes among
-    our cells. Each row gives the power at the configured effect and the smallest effect
-    detectable with the configured power.
-
-    Args:
-        summary: The table of :func:`summarize`.
-        paper_episodes: The paper's episodes per cell (30).
-        config: The analysis configuration.
-
-    Returns:
-        Rows with the columns of ``POWER_SCHEMA``.
-    """
-    settings = config.power
-    needed = pg.power_ttest(
-        d=settings.effect_size, power=settings.power, alpha=settings.alpha, contrast="two-samples"
-    )
-    rows = [
-        _design("required", math.ceil(needed), None, config),
-        _design("paper", paper_episodes, None, config),
-    ]
-    # A t-test needs two episodes per sample.
-    counts = summary.filter(pl.col("episodes") >= 2)["episodes"].value_counts().sort("episodes")
-    rows += [_design("ours", k, cells, config) for k, cells in counts.iter_rows()]
-    return pl.DataFrame(rows, schema=POWER_SCHEMA)
 
 
 def component_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
@@ -541,7 +297,7 @@ def component_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFr
     frames = []
     for variant in config.variants:
         means = episodes.group_by("model", "n").agg(
-            expr.filter(_OK).mean().alias(name) for name, expr in component_exprs(variant).items()
+            expr.filter(OK).mean().alias(name) for name, expr in component_exprs(variant).items()
         )
         long = means.unpivot(
             index=["model", "n"], variable_name="component", value_name="value_mean"
@@ -585,7 +341,7 @@ def seat_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
         another seat ate).
     """
     seats = (
-        episodes.filter(_OK)
+        episodes.filter(OK)
         .select("model", "n", "meals_total", pl.col("meals_per_philosopher").alias("meals"))
         .with_columns(pl.int_ranges(0, pl.col("n")).alias("seat"))
         .explode("meals", "seat")
@@ -600,21 +356,7 @@ def seat_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
         )
         .sort("model", "n", "seat")
     )
-    estimates = [
-        bootstrap_mean_ci(
-            sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
-        )
-        for sample in seats["meals"]
-    ]
-    names = ("meals_mean", "meals_ci_low", "meals_ci_high")
-    columns = (
-        [
-            pl.Series(name, column, dtype=pl.Float64)
-            for name, column in zip(names, zip(*estimates, strict=True), strict=True)
-        ]
-        if estimates
-        else [pl.Series(name, [], dtype=pl.Float64) for name in names]
-    )
+    columns = _bootstrap_columns(seats["meals"], SEAT_COLUMNS, config)
     return (
         seats.with_columns(columns)
         .select(list(SEAT_SCHEMA))
@@ -635,9 +377,7 @@ def episode_rewards(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFr
     """
     schema = episode_reward_schema(config.variants)
     return (
-        with_rewards(episodes.filter(_OK), config)
-        .select(list(schema))
-        .sort("model", "n", "episode")
+        with_rewards(episodes.filter(OK), config).select(list(schema)).sort("model", "n", "episode")
     )
 
 
@@ -679,19 +419,11 @@ def write_csv(frame: pl.DataFrame, path: str | Path) -> None:
     )
 
 
-def paper_episodes_per_cell(paper_reference_yaml: str | Path) -> int:
-    """Read the paper's episodes per model x N cell from ``config/paper_reference.yaml``."""
-    paper = yaml.safe_load(Path(paper_reference_yaml).read_text(encoding="utf-8"))
-    return int(paper["episodes"]["per_cell"])
-
-
 @dataclass(frozen=True)
 class StatsOutputs:
     """The files :func:`write_stats` writes."""
 
     summary: str | Path
-    comparisons: str | Path
-    power: str | Path
     components: str | Path
     seats: str | Path
     episode_rewards: str | Path
@@ -699,27 +431,20 @@ class StatsOutputs:
 
 
 def write_stats(
-    episode_paths: Sequence[str | Path],
-    paper_reference_yaml: str | Path,
-    config: AnalysisConfig,
-    outputs: StatsOutputs,
+    episode_paths: Sequence[str | Path], config: AnalysisConfig, outputs: StatsOutputs
 ) -> None:
-    """Compute every statistics table of the episode tables and write them.
+    """Compute the summary and its breakdowns of the episode tables, and write them.
 
     Floats are rounded to ``DECIMALS`` places, so the same episodes give the same bytes.
 
     Args:
         episode_paths: Parquet episode tables.
-        paper_reference_yaml: The paper's published design (episodes per cell).
         config: The analysis configuration.
         outputs: Where each table goes.
     """
     episodes = load_episodes(episode_paths)
     summary = summarize(episodes, config)
     write_csv(summary, outputs.summary)
-    write_csv(compare(episodes, config), outputs.comparisons)
-    paper_episodes = paper_episodes_per_cell(paper_reference_yaml)
-    write_csv(power_table(summary, paper_episodes, config), outputs.power)
     write_csv(component_table(episodes, config), outputs.components)
     write_csv(seat_table(episodes, config), outputs.seats)
     write_csv(episode_rewards(episodes, config), outputs.episode_rewards)

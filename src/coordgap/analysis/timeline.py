@@ -25,20 +25,19 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from coordgap.analysis.style import new_figure, save_figure, styled
-from coordgap.data import episode_generators
+from coordgap.data import STEP_SCHEMA, episode_generators
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.env.table import Table, TieBreak, TurnOrder
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+# The decision as recorded in the steps table, then what the replay adds.
 TIMELINE_SCHEMA: dict[str, pl.DataType] = {
-    "round": pl.Int64(),
-    "turn": pl.Int64(),
-    "philosopher": pl.Int64(),
-    "tool": pl.String(),
-    "outcome": pl.String(),
-    "reason": pl.String(),
+    **{
+        column: STEP_SCHEMA[column]
+        for column in ("round", "turn", "philosopher", "tool", "outcome", "reason")
+    },
     "holds_left": pl.Boolean(),
     "holds_right": pl.Boolean(),
     "ate": pl.Boolean(),
