@@ -5,7 +5,7 @@
 
 rule compute_stats:
     input:
-        episodes=episode_targets(),
+        episodes=analysis_tables(),
         code=src_files(*STATS_CODE, "config.py"),
     output:
         summary=report(
@@ -50,7 +50,7 @@ rule compute_stats:
 
 rule compare_models:
     input:
-        episodes=episode_targets(),
+        episodes=analysis_tables(),
         code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
     output:
         report(
@@ -102,7 +102,7 @@ rule compute_power:
 
 rule compute_monitors:
     input:
-        episodes=episode_targets(),
+        episodes=analysis_tables(),
         code=src_files(*STATS_CODE, "analysis/monitors.py", "config.py"),
     output:
         report(

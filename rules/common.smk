@@ -120,6 +120,14 @@ def episode_targets():
     return expand("results/episodes/{model}/n{size}.parquet", model=MODELS, size=SIZES)
 
 
+def analysis_tables():
+    """The episode tables the statistics read: every model x N cell of the grid.
+
+    Tables of further models (e.g. evaluated checkpoints, named <run>@<selection>) join here.
+    """
+    return episode_targets()
+
+
 def analysis_settings(*keys):
     """The named keys of the analysis section, so a rule's params hold only what it reads."""
     return {key: config["analysis"][key] for key in keys}

@@ -196,7 +196,7 @@ def compare(episodes: pl.DataFrame, config: ComparisonConfig) -> pl.DataFrame:
 
     Args:
         episodes: Episode rows (DESIGN.md §5).
-        config: The analysis configuration.
+        config: The comparisons' configuration.
 
     Returns:
         One row per family, variant, pair and N (in that order; pairs in config order, N
