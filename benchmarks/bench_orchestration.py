@@ -24,7 +24,8 @@ import polars as pl
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.agents.runner import Cell, CellOutputs, run_cell
 from coordgap.config import EnvironmentConfig, ModelSpec
-from coordgap.episodes import episode_generators, play_episode
+from coordgap.data import EpisodeSeeds
+from coordgap.episodes import play_episode
 from coordgap.policies.adapters import ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
 
@@ -51,7 +52,7 @@ def _policy(n, seed, rng):
 def plain_loop() -> int:
     decisions = 0
     for seed in range(EPISODES):
-        table_rng, policy_rng = episode_generators(seed)
+        table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
         policy = make_scripted_policy(MODEL.policy, N, ENV.protocol, policy_rng)
         decisions += play_episode(ENV, N, policy, table_rng).row["decisions"]
     return decisions
@@ -61,7 +62,7 @@ def graphs() -> int:
     async def go() -> int:
         decisions = 0
         for seed in range(EPISODES):
-            table_rng, policy_rng = episode_generators(seed)
+            table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
             log = await play_episode_graph(ENV, N, _policy(N, seed, policy_rng), table_rng)
             decisions += log.row["decisions"]
         return decisions

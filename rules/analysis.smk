@@ -1,25 +1,41 @@
-# Statistics, figures and the report.
+# Statistics, monitors, figures and the report. Each rule lists exactly the src/ modules whose
+# code decides its output, and takes exactly the config it reads, so that a job reruns when, and
+# only when, something it depends on changes.
 
 
 rule compute_stats:
     input:
-        episodes=episode_targets(),
-        code=src_files("analysis", "env/reward.py", "config.py"),
+        episodes=analysis_tables(),
+        code=src_files(*STATS_CODE, "config.py"),
     output:
         summary=report(
             "results/stats/summary.csv",
-            caption="../workflow/report/summary.rst",
-            category="Statistics",
+            caption="../workflow/report/table_summary.rst",
+            category="Tables",
+            labels={"table": "summary"},
         ),
-        comparisons=report(
-            "results/stats/comparisons.csv",
-            caption="../workflow/report/comparisons.rst",
-            category="Statistics",
+        components=report(
+            "results/stats/components.csv",
+            caption="../workflow/report/table_components.rst",
+            category="Tables",
+            labels={"table": "reward components"},
+        ),
+        seats=report(
+            "results/stats/seats.csv",
+            caption="../workflow/report/table_seats.rst",
+            category="Tables",
+            labels={"table": "meals by seat"},
+        ),
+        episode_rewards=report(
+            "results/stats/episode_rewards.csv",
+            caption="../workflow/report/table_episode_rewards.rst",
+            category="Tables",
+            labels={"table": "episode rewards"},
         ),
         metrics="results/metrics.json",
     params:
         reward=lookup(dpath="reward", within=config),
-        analysis=lookup(dpath="analysis", within=config),
+        analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
     log:
         "logs/compute_stats/compute_stats.log",
     benchmark:
@@ -32,18 +48,97 @@ rule compute_stats:
         "../workflow/scripts/compute_stats.py"
 
 
+rule compare_models:
+    input:
+        episodes=analysis_tables(),
+        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
+    output:
+        report(
+            "results/stats/comparisons.csv",
+            caption="../workflow/report/table_comparisons.rst",
+            category="Tables",
+            labels={"table": "comparisons"},
+        ),
+    params:
+        reward=lookup(dpath="reward", within=config),
+        analysis=analysis_settings(
+            "confidence", "bootstrap_resamples", "seed", "comparisons", "power"
+        ),
+    log:
+        "logs/compare_models/compare_models.log",
+    benchmark:
+        "logs/compare_models/compare_models.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/compare_models.py"
+
+
+rule compute_power:
+    input:
+        summary="results/stats/summary.csv",
+        paper_reference="config/paper_reference.yaml",
+        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
+    output:
+        report(
+            "results/stats/power.csv",
+            caption="../workflow/report/table_power.rst",
+            category="Tables",
+            labels={"table": "power"},
+        ),
+    params:
+        power=lookup(dpath="analysis/power", within=config),
+    log:
+        "logs/compute_power/compute_power.log",
+    benchmark:
+        "logs/compute_power/compute_power.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/compute_power.py"
+
+
+rule compute_monitors:
+    input:
+        episodes=analysis_tables(),
+        code=src_files(*STATS_CODE, "analysis/monitors.py", "config.py"),
+    output:
+        report(
+            "results/stats/monitors.csv",
+            caption="../workflow/report/table_monitors.rst",
+            category="Tables",
+            labels={"table": "monitors"},
+        ),
+    params:
+        reward=lookup(dpath="reward", within=config),
+        monitors=lookup(dpath="analysis/monitors", within=config),
+    log:
+        "logs/compute_monitors/compute_monitors.log",
+    benchmark:
+        "logs/compute_monitors/compute_monitors.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/compute_monitors.py"
+
+
 rule plot_reward:
     input:
         summary="results/stats/summary.csv",
-        code=src_files("analysis", "env/reward.py"),
+        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/reward_{variant}.png",
-            caption="../workflow/report/reward.rst",
+            caption="../workflow/report/figure_reward.rst",
             category="Figures",
             labels={"figure": "reward by model and N", "variant": "{variant}"},
         ),
         pdf="results/figures/reward_{variant}.pdf",
+        csv="results/figures/reward_{variant}.csv",
     log:
         "logs/plot_reward/{variant}.log",
     benchmark:
@@ -54,18 +149,148 @@ rule plot_reward:
         "../workflow/scripts/plot_reward.py"
 
 
+rule plot_deadlock:
+    input:
+        summary="results/stats/summary.csv",
+        code=src_files(*FIGURE_CODE),
+    output:
+        png=report(
+            "results/figures/deadlock.png",
+            caption="../workflow/report/figure_deadlock.rst",
+            category="Figures",
+            labels={"figure": "deadlock rate by model and N", "variant": "any"},
+        ),
+        pdf="results/figures/deadlock.pdf",
+        csv="results/figures/deadlock.csv",
+    log:
+        "logs/plot_deadlock/plot_deadlock.log",
+    benchmark:
+        "logs/plot_deadlock/plot_deadlock.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_deadlock.py"
+
+
+rule plot_reward_vs_meals:
+    input:
+        episode_rewards="results/stats/episode_rewards.csv",
+        code=src_files(*FIGURE_CODE),
+    output:
+        png=report(
+            "results/figures/reward_vs_meals_{variant}.png",
+            caption="../workflow/report/figure_reward_vs_meals.rst",
+            category="Figures",
+            labels={"figure": "reward against meals", "variant": "{variant}"},
+        ),
+        pdf="results/figures/reward_vs_meals_{variant}.pdf",
+        csv="results/figures/reward_vs_meals_{variant}.csv",
+    log:
+        "logs/plot_reward_vs_meals/{variant}.log",
+    benchmark:
+        "logs/plot_reward_vs_meals/{variant}.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_reward_vs_meals.py"
+
+
+rule plot_components:
+    input:
+        components="results/stats/components.csv",
+        code=src_files(*FIGURE_CODE),
+    output:
+        png=report(
+            "results/figures/components_{variant}.png",
+            caption="../workflow/report/figure_components.rst",
+            category="Figures",
+            labels={"figure": "reward by term", "variant": "{variant}"},
+        ),
+        pdf="results/figures/components_{variant}.pdf",
+        csv="results/figures/components_{variant}.csv",
+    log:
+        "logs/plot_components/{variant}.log",
+    benchmark:
+        "logs/plot_components/{variant}.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_components.py"
+
+
+rule plot_meals_by_seat:
+    input:
+        seats="results/stats/seats.csv",
+        code=src_files(*FIGURE_CODE),
+    output:
+        png=report(
+            "results/figures/meals_by_seat.png",
+            caption="../workflow/report/figure_meals_by_seat.rst",
+            category="Figures",
+            labels={"figure": "meals by seat", "variant": "any"},
+        ),
+        pdf="results/figures/meals_by_seat.pdf",
+        csv="results/figures/meals_by_seat.csv",
+    log:
+        "logs/plot_meals_by_seat/plot_meals_by_seat.log",
+    benchmark:
+        "logs/plot_meals_by_seat/plot_meals_by_seat.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_meals_by_seat.py"
+
+
+rule plot_timeline:
+    input:
+        unpack(timeline_tables),
+        code=src_files(*TIMELINE_CODE),
+    output:
+        png=report(
+            "results/figures/timeline.png",
+            caption="../workflow/report/figure_timeline.rst",
+            category="Figures",
+            labels={"figure": "one episode, step by step", "variant": "any"},
+        ),
+        pdf="results/figures/timeline.pdf",
+        csv="results/figures/timeline.csv",
+    params:
+        episode=lookup(dpath="analysis/timeline/episode", within=config),
+    log:
+        "logs/plot_timeline/plot_timeline.log",
+    benchmark:
+        "logs/plot_timeline/plot_timeline.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_timeline.py"
+
+
 rule write_report:
     input:
         summary="results/stats/summary.csv",
         comparisons="results/stats/comparisons.csv",
-        figure=f"results/figures/reward_{VARIANTS[0]}.png",
+        power="results/stats/power.csv",
+        monitors="results/stats/monitors.csv",
+        tables=[
+            "results/stats/components.csv",
+            "results/stats/seats.csv",
+            "results/stats/episode_rewards.csv",
+        ],
+        figures=report_figures(),
+        timeline="results/figures/timeline.png",
         paper_reference="config/paper_reference.yaml",
         code=src_files("analysis", "env/reward.py", "config.py"),
     output:
-        "results/report.md",
+        report(
+            "results/report.md",
+            caption="../workflow/report/report_md.rst",
+            category="Report",
+            labels={"file": "report.md"},
+        ),
     params:
-        reward=lookup(dpath="reward", within=config),
-        analysis=lookup(dpath="analysis", within=config),
+        # The whole config: the report's setup section states its digest.
+        config=config,
     log:
         "logs/write_report/write_report.log",
     benchmark:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from snakemake.utils import available_cpu_count, validate
 
-from coordgap.config import check_cross_keys
+from coordgap.config import cell_episodes, check_cross_keys
 
 # ---------------------------------------------------------------- validation
 
@@ -24,6 +24,17 @@ VARIANTS = config["reward"]["variants"]
 SRC = Path("src/coordgap")
 # The software of every rule, used with --sdm conda; locally, .venv from `make all` runs them.
 CONDA_ENV = "../workflow/envs/coordgap.yaml"
+# The src/ modules behind the statistics tables, every figure, and the episode timeline.
+STATS_CODE = ("analysis/stats.py", "analysis/intervals.py", "env/reward.py")
+FIGURE_CODE = (*STATS_CODE, "analysis/figures.py", "analysis/style.py")
+TIMELINE_CODE = (
+    *STATS_CODE,
+    "analysis/timeline.py",
+    "analysis/style.py",
+    "data.py",
+    "env/table.py",
+    "env/protocols.py",
+)
 
 
 wildcard_constraints:
@@ -38,7 +49,13 @@ localrules:
     episodes,
     models,
     write_model_manifest,
+    compute_power,
     plot_reward,
+    plot_deadlock,
+    plot_reward_vs_meals,
+    plot_components,
+    plot_meals_by_seat,
+    plot_timeline,
     write_report,
 
 
@@ -80,10 +97,7 @@ def model_source(wildcards):
 
 def episodes_per_cell(wildcards):
     """Episodes in a cell: a language model's own count if it sets one, else the experiment's."""
-    entry = config["models"][wildcards.model]
-    if entry["kind"] != "scripted" and entry["episodes_per_cell"] is not None:
-        return entry["episodes_per_cell"]
-    return config["experiment"]["episodes_per_cell"]
+    return cell_episodes(config, wildcards.model)
 
 
 def model_weights(wildcards):
@@ -141,14 +155,56 @@ def episode_targets():
     return expand("results/episodes/{model}/n{size}.parquet", model=MODELS, size=SIZES)
 
 
+def analysis_tables():
+    """The episode tables the statistics read: every model x N cell of the grid.
+
+    Tables of further models (e.g. evaluated checkpoints, named <run>@<selection>) join here.
+    """
+    return episode_targets()
+
+
+def analysis_settings(*keys):
+    """The named keys of the analysis section, so a rule's params hold only what it reads."""
+    return {key: config["analysis"][key] for key in keys}
+
+
+def timeline_tables(wildcards):
+    """The episode and steps tables of the episode the report draws."""
+    timeline = config["analysis"]["timeline"]
+    cell = f"results/episodes/{timeline['model']}/n{timeline['n']}"
+    return {"episodes": f"{cell}.parquet", "steps": f"{cell}.steps.parquet"}
+
+
+def report_figures():
+    """The PNG of every statistics figure, in the report's order (the timeline apart)."""
+    return [
+        *expand("results/figures/reward_{variant}.png", variant=VARIANTS),
+        "results/figures/deadlock.png",
+        *expand("results/figures/reward_vs_meals_{variant}.png", variant=VARIANTS),
+        *expand("results/figures/components_{variant}.png", variant=VARIANTS),
+        "results/figures/meals_by_seat.png",
+    ]
+
+
 def final_targets():
-    """What `all` builds: statistics, one figure per reward variant, the report."""
+    """What `all` builds: statistics, monitors, every figure (PNG, PDF, CSV), the report."""
+    figures = [*report_figures(), "results/figures/timeline.png"]
     return [
         "resources/models/manifest.json",
         *training_targets(),
-        "results/stats/summary.csv",
-        "results/stats/comparisons.csv",
+        *expand(
+            "results/stats/{table}.csv",
+            table=[
+                "summary",
+                "comparisons",
+                "power",
+                "components",
+                "seats",
+                "episode_rewards",
+                "monitors",
+            ],
+        ),
         "results/metrics.json",
-        *expand("results/figures/reward_{variant}.{ext}", variant=VARIANTS, ext=["png", "pdf"]),
+        *(str(Path(png).with_suffix(ext)) for png in figures for ext in (".png", ".pdf", ".csv")),
         "results/report.md",
     ]

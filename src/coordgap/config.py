@@ -97,27 +97,123 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerConfig:
+    """The a-priori power question: episodes per cell to detect an effect of a given size."""
+
+    effect_size: float
+    alpha: float
+    power: float
+
+    @classmethod
+    def from_dict(cls, section: dict[str, Any]) -> PowerConfig:
+        """Build from the validated ``analysis.power`` section."""
+        return cls(
+            effect_size=float(section["effect_size"]),
+            alpha=float(section["alpha"]),
+            power=float(section["power"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AnalysisConfig:
-    """Everything the statistics, figures and report depend on."""
+    """What every statistic depends on: the rewards, and how intervals are estimated."""
 
     weights: RewardWeights
     variants: tuple[RewardVariant, ...]
     confidence: float
     bootstrap_resamples: int
     seed: int
-    comparisons: tuple[tuple[str, str], ...]
 
     @classmethod
     def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> AnalysisConfig:
-        """Build from the validated ``reward`` and ``analysis`` sections."""
+        """Build from the validated ``reward`` section and the interval keys of ``analysis``."""
         return cls(
-            weights=RewardWeights(**{k: float(v) for k, v in reward["weights"].items()}),
+            weights=reward_weights(reward),
             variants=tuple(RewardVariant(v) for v in reward["variants"]),
             confidence=float(analysis["confidence"]),
             bootstrap_resamples=int(analysis["bootstrap_resamples"]),
             seed=int(analysis["seed"]),
-            comparisons=tuple((a, b) for a, b in analysis["comparisons"]),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonConfig:
+    """The pairwise comparisons: the statistics' settings, the pairs, and power's alpha.
+
+    Attributes:
+        analysis: Rewards and interval settings.
+        comparisons: The (model a, model b) pairs of ``analysis.comparisons``.
+        power: The power settings; their alpha is the one of each comparison's achieved power.
+    """
+
+    analysis: AnalysisConfig
+    comparisons: tuple[tuple[str, str], ...]
+    power: PowerConfig
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> ComparisonConfig:
+        """Build from the validated ``reward`` section and the comparison keys of ``analysis``."""
+        return cls(
+            analysis=AnalysisConfig.from_dict(reward, analysis),
+            comparisons=tuple((a, b) for a, b in analysis["comparisons"]),
+            power=PowerConfig.from_dict(analysis["power"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    """Thresholds of the degenerate-policy monitors; a cell at or above one is flagged.
+
+    Attributes:
+        weights: Reward weights; the degenerate monitor scores episodes with the paper reward.
+        degenerate_reward: A meal-less episode scoring at least this is degenerate.
+        degenerate_share: Flag a cell with at least this share of degenerate episodes.
+        all_think_share: Flag a cell with at least this share of episodes whose every action
+            was a think.
+        no_call_rate: Flag a cell with at least this share of decisions without a tool call.
+        starvation_share: Flag a cell with at least this share of episodes in which a seat
+            went without a meal while another ate.
+    """
+
+    weights: RewardWeights
+    degenerate_reward: float
+    degenerate_share: float
+    all_think_share: float
+    no_call_rate: float
+    starvation_share: float
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any], monitors: dict[str, Any]) -> MonitorConfig:
+        """Build from the validated ``reward`` and ``analysis.monitors`` sections."""
+        return cls(
+            weights=reward_weights(reward),
+            degenerate_reward=float(monitors["degenerate_reward"]),
+            degenerate_share=float(monitors["degenerate_share"]),
+            all_think_share=float(monitors["all_think_share"]),
+            no_call_rate=float(monitors["no_call_rate"]),
+            starvation_share=float(monitors["starvation_share"]),
+        )
+
+
+def reward_weights(reward: dict[str, Any]) -> RewardWeights:
+    """The weights of the validated ``reward`` section."""
+    return RewardWeights(**{k: float(v) for k, v in reward["weights"].items()})
+
+
+def cell_episodes(config: dict[str, Any], model: str) -> int:
+    """Episodes in a cell of one model: a language model's own count if set, else the experiment's.
+
+    Args:
+        config: The validated config.
+        model: A name in ``models``.
+
+    Returns:
+        The number of episodes per N of that model.
+    """
+    entry = config["models"][model]
+    if entry["kind"] != "scripted" and entry["episodes_per_cell"] is not None:
+        return int(entry["episodes_per_cell"])
+    return int(config["experiment"]["episodes_per_cell"])
 
 
 class Trainer(StrEnum):
@@ -276,6 +372,24 @@ def check_cross_keys(config: dict[str, Any]) -> None:
         if name in models:
             raise ConfigError(f"config key 'training.runs.{name}': a model has this name too")
     _check_scenarios(config)
+    _check_timeline(config)
+
+
+def _check_timeline(config: dict[str, Any]) -> None:
+    """The episode the report draws must be one the study plays."""
+    timeline = config["analysis"]["timeline"]
+    model = timeline["model"]
+    if model not in config["models"]:
+        raise ConfigError(f"config key 'analysis.timeline.model': unknown model '{model}'")
+    if timeline["n"] not in config["experiment"]["sizes"]:
+        raise ConfigError(
+            f"config key 'analysis.timeline.n': {timeline['n']} is not in experiment.sizes"
+        )
+    episodes = cell_episodes(config, model)
+    if timeline["episode"] >= episodes:
+        raise ConfigError(
+            f"config key 'analysis.timeline.episode': {model} plays episodes 0 to {episodes - 1}"
+        )
 
 
 def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
@@ -289,11 +403,7 @@ def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
         training range the longest run.
     """
     first = config["scenarios"]
-    cells = [config["experiment"]["episodes_per_cell"]] + [
-        entry["episodes_per_cell"]
-        for entry in config["models"].values()
-        if entry.get("episodes_per_cell") is not None
-    ]
+    cells = [cell_episodes(config, model) for model in config["models"]]
     runs = [run["steps"] * run["groups_per_step"] for run in config["training"]["runs"].values()]
     return {
         "test": range(first["test"], first["test"] + max(cells)),

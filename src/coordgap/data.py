@@ -1,12 +1,14 @@
-"""Data contracts (DESIGN.md §5): table schemas, seed derivation and atomic parquet writes."""
+"""Data contracts (DESIGN.md §5): table schemas, seeds and generators, atomic parquet writes."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from coordgap.env.protocols import Tool
@@ -19,7 +21,7 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     "checkpoint": pl.String(),
     "n": pl.Int64(),
     "episode": pl.Int64(),
-    "seed": pl.Int64(),
+    "seed": pl.Int64(),  # the table's seed: replays the table (see EpisodeSeeds)
     "scenario": pl.Int64(),
     "protocol": pl.String(),
     "turn_order": pl.String(),
@@ -121,6 +123,55 @@ def derive_seed(*parts: object) -> int:
     """
     key = "\x1f".join(str(part) for part in parts).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeSeeds:
+    """The seeds of one episode: its scenario's, shared by every player of it, and its own.
+
+    A scenario is the table's randomness (who wins a contested fork, the order of a sequential
+    round), identified by an integer id from a configured range (``scenarios:``). The player's
+    seed drives the policy's own randomness (a scripted policy's choices, an LLM's sampling).
+    Every model at a cell thus plays the same scenarios, each with its own sampling.
+
+    Attributes:
+        scenario: The scenario id.
+        table: Seeds the table's generator: derived from (base seed, scenario, N).
+        policy: Seeds the player's randomness: derived from (table seed, player).
+    """
+
+    scenario: int
+    table: int
+    policy: int
+
+    @classmethod
+    def derive(cls, base_seed: int, scenario: int, n: int, player: str) -> EpisodeSeeds:
+        """The seeds of ``player`` at scenario ``scenario`` of an ``n``-seat table.
+
+        Args:
+            base_seed: The config's ``seed``.
+            scenario: The scenario id.
+            n: Number of philosophers.
+            player: Names whose sampling this is (a model, or a training rollout's member).
+
+        Returns:
+            The episode's seeds.
+        """
+        table = derive_seed(base_seed, "scenario", scenario, n)
+        return cls(scenario=scenario, table=table, policy=derive_seed(table, player))
+
+    def generators(self) -> tuple[np.random.Generator, np.random.Generator]:
+        """The table's and the policy's generators."""
+        return table_generator(self.table), np.random.default_rng(self.policy)
+
+
+def table_generator(seed: int) -> np.random.Generator:
+    """The table's generator of an episode, from its table's ``seed`` column.
+
+    The table's stream alone decides contested forks and sequential turn order, so an episode
+    can be replayed from its seed and its recorded decisions (``coordgap.analysis.timeline``).
+    """
+    return np.random.default_rng(seed)
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: str | Path) -> None:

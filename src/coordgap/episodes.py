@@ -14,9 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from coordgap.data import CALL_COLUMNS, derive_seed
+from coordgap.data import CALL_COLUMNS
 from coordgap.env.observation import Observation, PastTurn, observe
 from coordgap.env.protocols import IDLE_TOOL
 from coordgap.env.reward import components
@@ -24,7 +22,10 @@ from coordgap.env.table import Outcome, Result, Table, TurnOrder
 from coordgap.policies.base import NoCallReason
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from coordgap.config import EnvironmentConfig
+    from coordgap.data import EpisodeSeeds
     from coordgap.policies.base import Decision, Policy
 
 
@@ -46,64 +47,18 @@ class EpisodeLog:
             checkpoint: ``base``, or the training checkpoint that played (``step_0003``).
             n: Number of philosophers.
             episode: The episode's index in its table.
-            seeds: The episode's seeds.
+            seeds: The episode's seeds (its ``seed`` column is the table's).
 
         Returns:
             ``{"episodes": [row], "steps": [...], "transcripts": [...]}``.
         """
         identity = {"model": model, "checkpoint": checkpoint, "n": n, "episode": episode}
-        seed_columns = {"seed": seeds.policy, "scenario": seeds.scenario}
+        seed_columns = {"seed": seeds.table, "scenario": seeds.scenario}
         return {
             "episodes": [{**identity, **seed_columns, **self.row}],
             "steps": [{"episode": episode, **step} for step in self.steps],
             "transcripts": [{"episode": episode, **t} for t in self.transcripts],
         }
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeSeeds:
-    """The seeds of one episode: its scenario's, shared by every player of it, and its own.
-
-    A scenario is the table's randomness (who wins a contested fork, the order of a sequential
-    round), identified by an integer id from a configured range (``scenarios:``). The player's
-    seed drives the policy's own randomness (a scripted policy's choices, an LLM's sampling).
-    Every model at a cell thus plays the same scenarios, each with its own sampling.
-
-    Attributes:
-        scenario: The scenario id.
-        table: Seeds the table's generator: derived from (base seed, scenario, N).
-        policy: Seeds the player's randomness: derived from (table seed, player).
-    """
-
-    scenario: int
-    table: int
-    policy: int
-
-    @classmethod
-    def derive(cls, base_seed: int, scenario: int, n: int, player: str) -> EpisodeSeeds:
-        """The seeds of ``player`` at scenario ``scenario`` of an ``n``-seat table.
-
-        Args:
-            base_seed: The config's ``seed``.
-            scenario: The scenario id.
-            n: Number of philosophers.
-            player: Names whose sampling this is (a model, or a training rollout's member).
-
-        Returns:
-            The episode's seeds.
-        """
-        table = derive_seed(base_seed, "scenario", scenario, n)
-        return cls(scenario=scenario, table=table, policy=derive_seed(table, player))
-
-    def generators(self) -> tuple[np.random.Generator, np.random.Generator]:
-        """The table's and the policy's generators."""
-        return np.random.default_rng(self.table), np.random.default_rng(self.policy)
-
-
-def episode_generators(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
-    """The table's and the policy's generators of one episode, independent streams."""
-    table_seq, policy_seq = np.random.SeedSequence(seed).spawn(2)
-    return np.random.default_rng(table_seq), np.random.default_rng(policy_seq)
 
 
 class EpisodeRecorder:

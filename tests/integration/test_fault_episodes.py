@@ -83,7 +83,11 @@ def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
         | settings
     }
     config["experiment"] = {"sizes": [3], "episodes_per_cell": 6}
-    config["analysis"] = {**tiny_config["analysis"], "comparisons": []}
+    config["analysis"] = {
+        **tiny_config["analysis"],
+        "comparisons": [],
+        "timeline": {"model": "faulty", "n": 3, "episode": 0},
+    }
     return config
 
 

@@ -37,8 +37,18 @@ TEST_CLUSTER_FLAGS = (
     "4",
 )
 # Rules of the tiny run that go to sbatch, and the localrules (rules/common.smk) it runs.
-CLUSTER_RULES = {"generate_episodes", "compute_stats"}
-LOCAL_RULES = {"all", "write_model_manifest", "plot_reward", "write_report"}
+CLUSTER_RULES = {"generate_episodes", "compute_stats", "compare_models", "compute_monitors"}
+LOCAL_RULES = {"all", "write_model_manifest", "compute_power", "write_report"} | {
+    f"plot_{figure}"
+    for figure in (
+        "reward",
+        "deadlock",
+        "reward_vs_meals",
+        "components",
+        "meals_by_seat",
+        "timeline",
+    )
+}
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")
 
@@ -87,6 +97,7 @@ def _small_config(tiny_config: dict) -> dict:
     config["environment"]["rounds"] = 2
     config["analysis"]["bootstrap_resamples"] = 100  # the schema's minimum
     config["analysis"]["comparisons"] = [["silent", "resource_hierarchy"]]
+    config["analysis"]["timeline"] = {"model": "resource_hierarchy", "n": 3, "episode": 0}
     return config
 
 
@@ -128,9 +139,11 @@ def test_tiny_workflow_runs_through_a_real_slurm_cluster(tmp_path, tiny_config):
     jobs = _jobs(log)
     submissions = SUBMITTED.findall(log)
     submitted = {job: slurm_id for job, slurm_id, _ in submissions}
-    # Exactly the cluster rules went to sbatch: one job per episode cell, one for statistics.
+    # Exactly the cluster rules went to sbatch: one job per episode cell (two), one per
+    # statistics rule.
     submitted_rules = sorted(jobs[job][0] for job in submitted)
-    assert submitted_rules == ["compute_stats", "generate_episodes", "generate_episodes"], log
+    cells = ["generate_episodes"] * 2
+    assert submitted_rules == sorted([*CLUSTER_RULES - {"generate_episodes"}, *cells]), log
     assert not any(jobs[job][1] for job in submitted), "a localrule was submitted"
     # Job logs go where the profile's slurm-logdir says (the plugin deletes those of
     # successful jobs, so only the paths are checked).

@@ -12,8 +12,9 @@ import pytest
 from coordgap.agents.graphs import philosopher_graph, play_episode_graph, table_graph
 from coordgap.agents.runner import Cell, CellOutputs, run_cell
 from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
+from coordgap.data import EpisodeSeeds
 from coordgap.env.table import TurnOrder
-from coordgap.episodes import episode_generators, play_episode
+from coordgap.episodes import play_episode
 from coordgap.policies.adapters import ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
 
@@ -40,11 +41,11 @@ def _env(protocol: str, turn_order: str, history: int = 1) -> EnvironmentConfig:
 def test_graphs_play_the_reference_loop_episodes(protocol, turn_order, policy):
     env = _env(protocol, turn_order)
     for seed in range(6):
-        table_rng, policy_rng = episode_generators(seed)
+        table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
         reference = play_episode(
             env, 6, make_scripted_policy(policy, 6, env.protocol, policy_rng), table_rng
         )
-        table_rng, policy_rng = episode_generators(seed)
+        table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
         agent = ScriptedAgentPolicy(make_scripted_policy(policy, 6, env.protocol, policy_rng))
         graphed = asyncio.run(play_episode_graph(env, 6, agent, table_rng))
         assert graphed.row == reference.row

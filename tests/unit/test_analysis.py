@@ -1,4 +1,4 @@
-"""Unit tests of coordgap.analysis: intervals, tests, summaries, figures and the report."""
+"""Unit tests of coordgap.analysis.stats: summaries, comparisons, breakdowns, edge cases."""
 
 from __future__ import annotations
 
@@ -7,123 +7,33 @@ import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import polars as pl
 import pytest
-import yaml
 from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-from coordgap.analysis.figures import plot_reward_by_model, write_reward_figure
-from coordgap.analysis.report import write_report
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, compare
 from coordgap.analysis.stats import (
-    bootstrap_mean_ci,
-    compare,
+    SEAT_SCHEMA,
+    component_table,
+    episode_rewards,
     load_episodes,
+    read_table,
+    seat_table,
     summarize,
-    wilson_interval,
-    write_stats,
+    summary_schema,
+    write_csv,
 )
-from coordgap.config import AnalysisConfig
-from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA
-from coordgap.env.reward import RewardVariant, RewardWeights, components, reward_expr
+from coordgap.env.reward import RewardVariant, reward_expr
+from tests.unit.analysis_tables import COMPARE, CONFIG, episode, frame, table, write_tables
+
+if TYPE_CHECKING:
+    import numpy as np
 
 pytestmark = pytest.mark.unit
-
-PAPER_REFERENCE = Path(__file__).resolve().parents[2] / "config" / "paper_reference.yaml"
-ROUNDS = 5
-
-CONFIG = AnalysisConfig(
-    weights=RewardWeights(),
-    variants=(RewardVariant.PAPER, RewardVariant.SHAPED),
-    confidence=0.95,
-    bootstrap_resamples=2000,
-    seed=11,
-    comparisons=(("hierarchy", "left_first"), ("hierarchy", "silent"), ("silent", "idle")),
-)
-
-
-def episode(
-    model: str,
-    n: int,
-    index: int,
-    *,
-    meals: list[int] | None = None,
-    deadlock: bool = False,
-    think: int = 0,
-    failed: int = 0,
-    no_call: int = 0,
-    status: str = "ok",
-) -> dict[str, Any]:
-    """Make one episode row whose reward components follow from its counts."""
-    meals = meals if meals is not None else [0] * n
-    eaten = sum(meals)
-    actions = think + eaten + failed  # every meal is one successful eat call
-    parts = components(
-        n=n, rounds=ROUNDS, meals=meals, deadlock=deadlock, actions=actions, think=think
-    )
-    calls = dict.fromkeys(CALL_COLUMNS, 0)
-    calls |= {"calls_eat": eaten, "calls_think": think, "calls_pick_up_left": failed}
-    return {
-        "model": model,
-        "checkpoint": "base",
-        "n": n,
-        "episode": index,
-        "seed": 1000 + index,
-        "protocol": "tools6",
-        "turn_order": "simultaneous",
-        "tie_break": "random",
-        "rounds": ROUNDS,
-        "rounds_run": 2 if deadlock else ROUNDS,
-        "status": status,
-        "deadlock": deadlock,
-        "deadlock_round": 2 if deadlock else None,
-        "deadlocks": int(deadlock),
-        "meals_total": eaten,
-        "meals_per_philosopher": meals,
-        **calls,
-        "decisions": actions + no_call,
-        "actions": actions,
-        "think": think,
-        "failed": failed,
-        "no_call": no_call,
-        "r_nd": parts.r_nd,
-        "r_thru": parts.r_thru,
-        "r_fair": parts.r_fair,
-        "r_idle": parts.r_idle,
-        "tokens_in": 100,
-        "tokens_out": 10,
-        "latency_s": 0.5,
-    }
-
-
-def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    """Build an episode table with the contract's dtypes."""
-    return pl.DataFrame(rows, schema=EPISODE_SCHEMA)
-
-
-def table(sizes: tuple[int, ...] = (5,)) -> pl.DataFrame:
-    """Four models with distinct behaviour: varied, deadlocking, silent and idle."""
-    rows = []
-    for n in sizes:
-        for i in range(6):
-            rows.append(episode("hierarchy", n, i, meals=[1 + i % 3] + [1] * (n - 1), think=i))
-            rows.append(
-                episode(
-                    "left_first",
-                    n,
-                    i,
-                    meals=[i % 2] + [0] * (n - 1),
-                    deadlock=i % 3 != 0,
-                    failed=i,
-                )
-            )
-            rows.append(episode("silent", n, i, no_call=n * ROUNDS))
-            rows.append(episode("idle", n, i, think=n * ROUNDS))
-    return frame(rows)
 
 
 def rewards(episodes: pl.DataFrame, model: str, variant: RewardVariant) -> np.ndarray:
@@ -132,138 +42,230 @@ def rewards(episodes: pl.DataFrame, model: str, variant: RewardVariant) -> np.nd
     return selected.select(reward_expr(variant, CONFIG.weights))["reward"].to_numpy()
 
 
-@pytest.mark.parametrize(("successes", "trials"), [(0, 10), (10, 10), (3, 10), (1, 1), (17, 30)])
-@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
-def test_wilson_interval_matches_statsmodels(
-    successes: int, trials: int, confidence: float
-) -> None:
-    expected = proportion_confint(successes, trials, alpha=1 - confidence, method="wilson")
-    assert wilson_interval(successes, trials, confidence) == pytest.approx(expected, abs=1e-12)
+def cell(summary: pl.DataFrame, model: str, n: int = 5) -> dict:
+    return summary.filter((pl.col("model") == model) & (pl.col("n") == n)).row(0, named=True)
 
 
-def test_wilson_interval_without_trials_is_undefined() -> None:
-    assert all(math.isnan(bound) for bound in wilson_interval(0, 0, 0.95))
+def test_summary_columns_follow_their_definitions() -> None:
+    episodes = table()
+    summary = summarize(episodes, CONFIG)
+    assert summary.columns == list(summary_schema(CONFIG.variants))
+    row = cell(summary, "left_first")
+    left_first = episodes.filter(pl.col("model") == "left_first")
+    assert row["deadlock_rate"] == pytest.approx(4 / 6)
+    low, high = proportion_confint(4, 6, alpha=0.05, method="wilson")
+    assert (row["deadlock_ci_low"], row["deadlock_ci_high"]) == pytest.approx((low, high))
+    # Three of six episodes eat nothing (meals [i % 2, 0, ...]).
+    assert row["zero_meal_rate"] == pytest.approx(3 / 6)
+    low, high = proportion_confint(3, 6, alpha=0.05, method="wilson")
+    assert (row["zero_meal_ci_low"], row["zero_meal_ci_high"]) == pytest.approx((low, high))
+    assert row["meals_mean"] == pytest.approx(left_first["meals_total"].mean())
+    assert row["meals_sd"] == pytest.approx(left_first["meals_total"].std())
+    assert row["throughput"] == pytest.approx(left_first["r_thru"].mean())
+    assert row["failed_rate"] == pytest.approx(
+        left_first["failed"].sum() / left_first["decisions"].sum()
+    )
+    shaped = rewards(episodes, "left_first", RewardVariant.SHAPED)
+    assert row["reward_shaped_mean"] == pytest.approx(shaped.mean())
+    assert row["reward_shaped_sd"] == pytest.approx(shaped.std(ddof=1))
+    assert row["reward_shaped_ci_low"] < row["reward_shaped_mean"] < row["reward_shaped_ci_high"]
+    silent = cell(summary, "silent")
+    assert silent["no_call_rate"] == 1.0
+    assert silent["failed_rate"] == 0.0
 
 
-def test_bootstrap_interval_contains_the_mean_and_is_seeded() -> None:
-    values = np.random.default_rng(0).uniform(size=30)
-    mean, low, high = bootstrap_mean_ci(values, 0.95, 2000, seed=3)
-    assert mean == pytest.approx(values.mean())
-    assert low < mean < high
-    assert bootstrap_mean_ci(values, 0.95, 2000, seed=3) == (mean, low, high)
-    assert bootstrap_mean_ci(values, 0.95, 2000, seed=4) != (mean, low, high)
+def test_tokens_and_latency_per_decision_only_where_recorded() -> None:
+    llm = [episode("llm", 5, i, think=10, tokens=(400 + i, 20, 2.5)) for i in range(3)]
+    summary = summarize(pl.concat([table(), frame(llm)]), CONFIG)
+    row = cell(summary, "llm")
+    assert row["tokens_in_per_decision"] == pytest.approx((400 + 401 + 402) / 30)
+    assert row["tokens_out_per_decision"] == pytest.approx(2.0)
+    assert row["latency_s_per_decision"] == pytest.approx(0.25)
+    # Scripted policies record no cost: absent, not free.
+    hierarchy = cell(summary, "hierarchy")
+    assert hierarchy["tokens_in_per_decision"] is None
+    assert hierarchy["latency_s_per_decision"] is None
 
 
-def test_bootstrap_interval_of_constant_data_has_zero_width_at_the_value() -> None:
-    assert bootstrap_mean_ci(np.full(12, 0.1), 0.95, 2000, seed=3) == (0.1, 0.1, 0.1)
-    silent = summarize(table(), CONFIG).filter(pl.col("model") == "silent").row(0, named=True)
+def test_zero_variance_cell_has_a_zero_width_interval_and_zero_sd() -> None:
+    silent = cell(summarize(table(), CONFIG), "silent")
     assert silent["reward_paper_mean"] == silent["reward_paper_ci_low"] == 1.0
     assert silent["reward_paper_ci_high"] == 1.0
+    assert silent["reward_paper_sd"] == 0.0
+
+
+def test_one_episode_cell_has_a_mean_but_no_sd_or_interval() -> None:
+    episodes = pl.concat([table(), frame([episode("solo", 5, 0, meals=[1, 0, 0, 0, 0])])])
+    solo = cell(summarize(episodes, CONFIG), "solo")
+    assert solo["episodes"] == 1
+    assert solo["reward_paper_mean"] is not None
+    for column in ("reward_paper_sd", "reward_paper_ci_low", "reward_paper_ci_high", "meals_sd"):
+        assert solo[column] is None, column
+    # A rate of one trial still has its (wide) Wilson interval.
+    assert (solo["deadlock_ci_low"], solo["deadlock_ci_high"]) == pytest.approx(
+        proportion_confint(0, 1, alpha=0.05, method="wilson")
+    )
 
 
 def test_error_rows_are_counted_and_excluded_from_every_statistic() -> None:
     ok = table()
     # Errors that would drag every statistic down if they were mixed in.
     broken = [episode("hierarchy", 5, 10 + i, deadlock=True, status="error") for i in range(3)]
-    broken += [episode("crashed", 5, i, status="error") for i in range(2)]
     with_errors = pl.concat([ok, frame(broken)])
-
     summary = summarize(with_errors, CONFIG)
-    expected = summarize(ok, CONFIG)
-    hierarchy = pl.col("model") == "hierarchy"
-    assert summary.filter(hierarchy)["errors"].item() == 3
-    assert summary.filter(hierarchy)["episodes"].item() == 6
-    assert (
-        summary.filter(pl.col("model") != "crashed").drop("errors").equals(expected.drop("errors"))
-    )
-    crashed = summary.filter(pl.col("model") == "crashed").row(0, named=True)
-    assert (crashed["episodes"], crashed["errors"]) == (0, 2)
-    assert crashed["reward_paper_mean"] is None
-    assert crashed["deadlock_rate"] is None
-    assert compare(with_errors, CONFIG).equals(compare(ok, CONFIG))
+    hierarchy = cell(summary, "hierarchy")
+    assert (hierarchy["episodes"], hierarchy["errors"]) == (6, 3)
+    assert summary.drop("errors").equals(summarize(ok, CONFIG).drop("errors"))
+    assert compare(with_errors, COMPARE).equals(compare(ok, COMPARE))
+    assert component_table(with_errors, CONFIG).equals(component_table(ok, CONFIG))
+    assert seat_table(with_errors, CONFIG).equals(seat_table(ok, CONFIG))
 
 
-def test_summary_columns_follow_their_definitions() -> None:
-    episodes = table()
-    row = summarize(episodes, CONFIG).filter(pl.col("model") == "left_first").row(0, named=True)
-    left_first = episodes.filter(pl.col("model") == "left_first")
-    assert row["deadlock_rate"] == pytest.approx(4 / 6)
-    low, high = proportion_confint(4, 6, alpha=0.05, method="wilson")
-    assert (row["deadlock_ci_low"], row["deadlock_ci_high"]) == pytest.approx((low, high))
-    assert row["meals_mean"] == pytest.approx(left_first["meals_total"].mean())
-    assert row["throughput"] == pytest.approx(left_first["r_thru"].mean())
-    assert row["failed_rate"] == pytest.approx(
-        left_first["failed"].sum() / left_first["decisions"].sum()
-    )
-    assert row["reward_shaped_mean"] == pytest.approx(
-        rewards(episodes, "left_first", RewardVariant.SHAPED).mean()
-    )
-    silent = summarize(episodes, CONFIG).filter(pl.col("model") == "silent").row(0, named=True)
-    assert silent["no_call_rate"] == 1.0
-    assert silent["failed_rate"] == 0.0
+def test_a_model_whose_every_episode_errored_is_shown_without_numbers(tmp_path: Path) -> None:
+    crashed = [episode("crashed", 5, i, status="error") for i in range(2)]
+    episodes = pl.concat([table(), frame(crashed)])
+    config = replace(COMPARE, comparisons=(*COMPARE.comparisons, ("crashed", "hierarchy")))
+    row = cell(summarize(episodes, CONFIG), "crashed")
+    assert (row["episodes"], row["errors"]) == (0, 2)
+    numbers = [key for key, dtype in summary_schema(CONFIG.variants).items() if dtype.is_float()]
+    assert all(row[key] is None for key in numbers)
+    pair = compare(episodes, config).filter(pl.col("model_a") == "crashed").row(0, named=True)
+    assert pair["note"] == "no ok episodes of crashed"
+    assert (pair["episodes_a"], pair["episodes_b"]) == (0, 6)
+    assert math.isnan(pair["p"])
+    assert math.isnan(pair["p_holm"])
+    # Nothing undefined reaches a file as a number.
+    written = write_tables(episodes, tmp_path / "stats", config)
+    for path in (written.stats.summary, written.comparisons, written.stats.components):
+        assert "nan" not in path.read_text().lower(), path
+        # A penalty on a zero mean is written 0.0, never -0.0.
+        assert ",-0.0," not in path.read_text(), path
 
 
 def test_welch_test_and_hedges_g_match_direct_computation() -> None:
     episodes = table()
     x = rewards(episodes, "hierarchy", RewardVariant.PAPER)
     y = rewards(episodes, "left_first", RewardVariant.PAPER)
-    row = compare(episodes, CONFIG).row(0, named=True)
-    assert (row["variant"], row["model_a"], row["model_b"], row["n"]) == (
+    row = compare(episodes, COMPARE).row(0, named=True)
+    assert (row["family"], row["variant"], row["model_a"], row["model_b"], row["n"]) == (
+        "configured",
         "paper",
         "hierarchy",
         "left_first",
         5,
     )
     welch = scipy_stats.ttest_ind(x, y, equal_var=False)
-    assert row["t"] == pytest.approx(welch.statistic)
-    assert row["p"] == pytest.approx(welch.pvalue)
-    nx, ny = x.size, y.size
-    pooled = math.sqrt(((nx - 1) * x.var(ddof=1) + (ny - 1) * y.var(ddof=1)) / (nx + ny - 2))
-    hedges = (x.mean() - y.mean()) / pooled * (1 - 3 / (4 * (nx + ny) - 9))
-    assert row["hedges_g"] == pytest.approx(hedges)
+    assert (row["t"], row["p"]) == pytest.approx((welch.statistic, welch.pvalue))
     assert row["diff"] == pytest.approx(x.mean() - y.mean())
+    assert row["diff_ci_low"] < row["diff"] < row["diff_ci_high"]
+    assert row["hedges_g_ci_low"] < row["hedges_g"] < row["hedges_g_ci_high"]
+    mwu = scipy_stats.mannwhitneyu(x, y, alternative="two-sided")
+    assert (row["mwu_u"], row["mwu_p"]) == pytest.approx((mwu.statistic, mwu.pvalue))
+    assert 0 < row["power"] <= 1
 
 
-def test_holm_adjusts_each_variant_family_and_never_lowers_p() -> None:
-    comparisons = compare(table(sizes=(5, 7)), CONFIG)
+def test_deadlock_difference_carries_newcombes_interval() -> None:
+    row = compare(table(), COMPARE).row(0, named=True)  # hierarchy (0 of 6) - left_first (4 of 6)
+    assert (row["deadlock_rate_a"], row["deadlock_rate_b"]) == (0.0, pytest.approx(4 / 6))
+    assert row["deadlock_diff"] == pytest.approx(-4 / 6)
+    assert row["deadlock_diff_ci_low"] < row["deadlock_diff"] < row["deadlock_diff_ci_high"]
+
+
+def test_holm_adjusts_each_family_and_variant_and_never_lowers_p() -> None:
+    comparisons = compare(table(sizes=(5, 7)), COMPARE)
     for variant in CONFIG.variants:
         family = comparisons.filter((pl.col("variant") == variant) & pl.col("p").is_not_nan())
         assert family.height == 4  # two testable pairs at two sizes
         assert (family["p_holm"] >= family["p"]).all()
         expected = multipletests(family["p"].to_numpy(), method="holm")[1]
         assert family["p_holm"].to_numpy() == pytest.approx(expected)
+        mwu = comparisons.filter(pl.col("variant") == variant)
+        expected = multipletests(mwu["mwu_p"].to_numpy(), method="holm")[1]
+        assert mwu["mwu_p_holm"].to_numpy() == pytest.approx(expected)
 
 
-def test_zero_variance_pair_is_nan_with_a_note_and_no_warning() -> None:
+def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> None:
     episodes = pl.concat([table(), frame([episode("solo", 5, 0)])])
-    config = replace(CONFIG, comparisons=(*CONFIG.comparisons, ("solo", "idle")))
+    config = replace(COMPARE, comparisons=(*COMPARE.comparisons, ("solo", "idle")))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         comparisons = compare(episodes, config)
     constant = comparisons.filter(pl.col("model_a") == "silent").row(0, named=True)
     assert constant["note"] == "zero variance in both samples"
-    assert all(math.isnan(constant[key]) for key in ("t", "dof", "p", "hedges_g", "p_holm"))
+    for key in ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "power", "p_holm"):
+        assert math.isnan(constant[key]), key
+    # Mann-Whitney U and the bootstrap still speak: 1.0 against 0.9, every time.
+    assert constant["diff"] == pytest.approx(0.1)
+    assert (constant["diff_ci_low"], constant["diff_ci_high"]) == pytest.approx((0.1, 0.1))
+    assert constant["mwu_p"] < 0.01
     solo = comparisons.filter(pl.col("model_a") == "solo").row(0, named=True)
     assert solo["note"] == "fewer than two episodes in a sample"
+    assert math.isnan(solo["mwu_p"])
     tested = comparisons.filter(pl.col("model_a") == "hierarchy")
     assert tested["note"].null_count() == tested.height
-    assert not tested["p"].is_nan().any()
 
 
-def _write_episodes(episodes: pl.DataFrame, folder: Path) -> list[Path]:
-    paths = []
-    for (model, n), cell in episodes.partition_by("model", "n", as_dict=True).items():
-        path = folder / f"{model}-n{n}.parquet"
-        cell.write_parquet(path)
-        paths.append(path)
-    return paths
+def test_comparison_families_are_a_hook_of_the_config() -> None:
+    config = replace(COMPARE, comparisons=(("hierarchy", "left_first"),))
+    comparisons = compare(table(), config)
+    assert set(comparisons["family"]) == {"configured"}
+    assert comparisons.height == len(CONFIG.variants)
 
 
-def _write_stats(episodes: pl.DataFrame, folder: Path) -> tuple[Path, Path, Path]:
-    folder.mkdir()
-    outputs = (folder / "summary.csv", folder / "comparisons.csv", folder / "metrics.json")
-    write_stats(_write_episodes(episodes, folder), CONFIG, *outputs)
-    return outputs
+def test_components_sum_to_the_mean_reward_under_every_variant() -> None:
+    episodes = table(sizes=(5, 7))
+    components = component_table(episodes, CONFIG)
+    summary = summarize(episodes, CONFIG)
+    assert components.height == summary.height * len(CONFIG.variants) * 4
+    for variant in CONFIG.variants:
+        sums = (
+            components.filter(pl.col("variant") == str(variant))
+            .group_by("model", "n")
+            .agg(pl.col("contribution").sum())
+            .join(summary, on=["model", "n"])
+        )
+        assert sums["contribution"].to_numpy() == pytest.approx(
+            sums[f"reward_{variant}_mean"].to_numpy()
+        )
+    idle = components.filter(
+        (pl.col("model") == "idle") & (pl.col("component") == "idle") & (pl.col("n") == 5)
+    )
+    assert idle["contribution"].to_list() == [pytest.approx(-0.1), pytest.approx(-0.1)]
+
+
+def test_seat_table_audits_meals_by_seat() -> None:
+    seats = seat_table(table(), CONFIG)
+    assert seats.columns == list(SEAT_SCHEMA)
+    hierarchy = seats.filter(pl.col("model") == "hierarchy").sort("seat")
+    # Seat 0 eats 1, 2 or 3 meals (mean 2), every other seat exactly one.
+    assert hierarchy["meals_mean"].to_list() == pytest.approx([2.0, 1.0, 1.0, 1.0, 1.0])
+    assert hierarchy["meal_share"].sum() == pytest.approx(1.0)
+    assert hierarchy["starved_rate"].to_list() == [0.0] * 5
+    left_first = seats.filter(pl.col("model") == "left_first").sort("seat")
+    # Seat 0 eats in three episodes; the others starve in exactly those three.
+    assert left_first["starved_rate"].to_list() == pytest.approx([0.0, 0.5, 0.5, 0.5, 0.5])
+    silent = seats.filter(pl.col("model") == "silent")
+    assert silent["meal_share"].null_count() == silent.height
+
+
+def test_episode_rewards_list_every_ok_episode_under_every_variant() -> None:
+    episodes = pl.concat([table(), frame([episode("hierarchy", 5, 99, status="error")])])
+    listed = episode_rewards(episodes, CONFIG)
+    assert listed.height == table().height
+    assert listed.filter(pl.col("model") == "silent")["reward_paper"].to_list() == [1.0] * 6
+    assert listed.filter(pl.col("model") == "silent")["reward_shaped"].to_list() == [-0.1] * 6
+
+
+def test_model_names_with_an_at_sign_pass_through(tmp_path: Path) -> None:
+    trained = [
+        episode("smollm2-grpo@best_val", 5, i, meals=[1, 0, 1, 0, 0], think=i) for i in range(4)
+    ]
+    config = replace(COMPARE, comparisons=(("smollm2-grpo@best_val", "hierarchy"),))
+    written = write_tables(pl.concat([table(), frame(trained)]), tmp_path / "stats", config)
+    summary = read_table(written.stats.summary, summary_schema(CONFIG.variants))
+    assert "smollm2-grpo@best_val" in summary["model"].to_list()
+    comparisons = read_table(written.comparisons, COMPARISON_SCHEMA)
+    assert set(comparisons["model_a"]) == {"smollm2-grpo@best_val"}
 
 
 def test_load_episodes_needs_a_path() -> None:
@@ -271,70 +273,23 @@ def test_load_episodes_needs_a_path() -> None:
         load_episodes([])
 
 
-def test_write_stats_is_byte_stable(tmp_path: Path) -> None:
-    first = _write_stats(table(sizes=(5, 7)), tmp_path / "first")
-    second = _write_stats(table(sizes=(5, 7)), tmp_path / "second")
-    for a, b in zip(first, second, strict=True):
-        assert a.read_bytes() == b.read_bytes()
-    summary = pl.read_csv(first[0])
+def test_written_tables_are_byte_stable_and_read_back(tmp_path: Path) -> None:
+    first = write_tables(table(sizes=(5, 7)), tmp_path / "first")
+    second = write_tables(table(sizes=(5, 7)), tmp_path / "second")
+    files = [*vars(first.stats).values(), first.comparisons, first.power, first.monitors]
+    again = [*vars(second.stats).values(), second.comparisons, second.power, second.monitors]
+    for a, b in zip(files, again, strict=True):
+        assert Path(a).read_bytes() == Path(b).read_bytes(), a
+    summary = read_table(first.stats.summary, summary_schema(CONFIG.variants))
     assert summary.select("model", "n").rows() == sorted(summary.select("model", "n").rows())
-    metrics = json.loads(first[2].read_text(encoding="utf-8"))
+    assert read_table(first.comparisons, COMPARISON_SCHEMA).height == 2 * 3 * 2
+    metrics = json.loads(first.stats.metrics.read_text(encoding="utf-8"))
     assert metrics["silent"]["n5"] == {"deadlock_rate": 0.0, "reward_paper": 1.0}
     assert set(metrics["hierarchy"]) == {"n5", "n7"}
 
 
-def test_figures_are_written_and_the_pdf_is_deterministic(tmp_path: Path) -> None:
-    summary = summarize(table(sizes=(5, 7)), CONFIG)
-    pdfs = []
-    for name in ("a", "b"):
-        png, pdf = tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"
-        plot_reward_by_model(summary, RewardVariant.PAPER, png, pdf)
-        assert png.stat().st_size > 0
-        pdfs.append(pdf.read_bytes())
-    assert pdfs[0] == pdfs[1]
-    assert b"CreationDate" not in pdfs[0]
-
-    summary.write_csv(tmp_path / "summary.csv")
-    write_reward_figure(tmp_path / "summary.csv", "shaped", tmp_path / "c.png", tmp_path / "c.pdf")
-    assert (tmp_path / "c.pdf").stat().st_size > 0
-
-
-def test_report_shows_tables_figure_degenerate_maximum_and_paper(tmp_path: Path) -> None:
-    summary_csv, comparisons_csv, _ = _write_stats(table(sizes=(5, 7)), tmp_path / "stats")
-    figure = tmp_path / "figures" / "reward.png"
-    figure.parent.mkdir()
-    paper = yaml.safe_load(PAPER_REFERENCE.read_text(encoding="utf-8"))
-    paper["models"]["silent"] = {"mean_reward_n5": 1.0, "meals_n5": 0}
-    paper["comparisons"].append({"name": "hierarchy vs left_first at N=5", "p": 0.5})
-    reference = tmp_path / "paper.yaml"
-    reference.write_text(yaml.safe_dump(paper, sort_keys=False), encoding="utf-8")
-    out_md = tmp_path / "report" / "report.md"
-    out_md.parent.mkdir()
-
-    write_report(summary_csv, comparisons_csv, figure, reference, CONFIG, out_md)
-    text = out_md.read_text(encoding="utf-8")
-
-    assert "| silent | 5 | 6 | 0 | 1.000 [1.000, 1.000] | -0.100 [-0.100, -0.100] |" in text
-    assert "| hierarchy | 5 | 6 | 0 |" in text
-    assert "zero variance in both samples" in text
-    assert "](../figures/reward.png)" in text
-    assert "r = 1.0 r_nd + 0.5 r_thru - 0.3 r_fair - 0.1 r_idle" in text
-    degenerate = text.split("## The degenerate maximum")[1].split("##")[0]
-    assert "**silent** at N=5" in degenerate
-    assert "**silent** at N=7" in degenerate
-    assert "**hierarchy**" not in degenerate
-    assert "by doing nothing" in degenerate
-    published = text.split("## Published figures")[1]
-    assert "arXiv:2606.07845" in published
-    assert "| qwen3-14b | mean_reward_n5: 0.128;" in published
-    assert "p: 0.66; hedges_g: -0.11" in published
-    assert "| silent | mean_reward_n5: 1.0; meals_n5: 0 | N=5: reward 1.000 [1.000, 1.000]" in (
-        published
-    )
-    assert "| hierarchy vs left_first at N=5 | p: 0.5 | N=5: diff " in published
-    assert "N=7: diff" not in published  # the paper's comparison is at N=5 only
-
-    again = tmp_path / "again" / "report.md"
-    again.parent.mkdir()
-    write_report(summary_csv, comparisons_csv, figure, reference, CONFIG, again)
-    assert again.read_text(encoding="utf-8") == text
+def test_write_csv_rounds_and_writes_no_nan_and_no_negative_zero(tmp_path: Path) -> None:
+    path = tmp_path / "table.csv"
+    values = [-0.0, -1e-9, 0.1234567, None, math.nan]
+    write_csv(pl.DataFrame({"x": values, "k": range(5)}), path)
+    assert path.read_text().splitlines() == ["x,k", "0.0,0", "0.0,1", "0.123457,2", ",3", ",4"]

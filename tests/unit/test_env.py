@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from coordgap.config import EnvironmentConfig, ScriptedPolicy
+from coordgap.data import EpisodeSeeds
 from coordgap.env.observation import Observation, PromptTemplates, observe
 from coordgap.env.protocols import IDLE_TOOL, TOOLS, Protocol, Tool
 from coordgap.env.table import FREE, FailReason, Outcome, Result, Table, TieBreak, TurnOrder
-from coordgap.episodes import episode_generators, play_episode
+from coordgap.episodes import play_episode
 from coordgap.policies.base import Decision
 from coordgap.policies.scripted import make_scripted_policy
 
@@ -385,7 +386,7 @@ def env_config(protocol: Protocol, turn_order: TurnOrder, **overrides) -> Enviro
 
 
 def play_scripted(env: EnvironmentConfig, n: int, policy: ScriptedPolicy, seed: int = 0):
-    table_rng, policy_rng = episode_generators(seed)
+    table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
     scripted = make_scripted_policy(policy, n, env.protocol, policy_rng)
     return play_episode(env, n, scripted, table_rng)
 
@@ -484,7 +485,7 @@ def test_history_shows_the_last_rounds_in_the_rendered_text() -> None:
     nothing of round 1."""
     policy = RecordingThinker()
     env = env_config(T6, SIM, history=2)
-    table_rng, _ = episode_generators(0)
+    table_rng, _ = EpisodeSeeds.derive(0, 0, 0, "test").generators()
     play_episode(env, 3, policy, table_rng)
     round_4 = next(o for o in policy.seen if (o.philosopher, o.round) == (0, 4))
     assert [turn.round for turn in round_4.history] == [2, 3]

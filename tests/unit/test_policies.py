@@ -9,11 +9,12 @@ import polars as pl
 import pytest
 
 from coordgap.config import EnvironmentConfig, ScriptedPolicy
+from coordgap.data import EpisodeSeeds
 from coordgap.env.observation import observe
 from coordgap.env.protocols import IDLE_TOOL, TOOLS, Protocol
 from coordgap.env.reward import RewardVariant, RewardWeights, reward_expr
 from coordgap.env.table import Table, TieBreak, TurnOrder
-from coordgap.episodes import EpisodeLog, episode_generators, play_episode
+from coordgap.episodes import EpisodeLog, play_episode
 from coordgap.policies.scripted import make_scripted_policy
 
 pytestmark = pytest.mark.unit
@@ -37,7 +38,7 @@ def env_config(
 
 
 def play(env: EnvironmentConfig, n: int, policy: ScriptedPolicy, seed: int = 0) -> EpisodeLog:
-    table_rng, policy_rng = episode_generators(seed)
+    table_rng, policy_rng = EpisodeSeeds.derive(0, seed, 0, "test").generators()
     scripted = make_scripted_policy(policy, n, env.protocol, policy_rng)
     return play_episode(env, n, scripted, table_rng)
 

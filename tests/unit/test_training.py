@@ -18,7 +18,7 @@ import yaml
 
 from coordgap.config import EnvironmentConfig, TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
-from coordgap.env.protocols import Tool
+from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.loop import play_rollouts, rollout_rewards
@@ -37,8 +37,7 @@ CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 BASE = CONFIG["models"]["smollm2-135m"]
 RUN = CONFIG["training"]["runs"]["smollm2-grpo"]
 TEMPLATES = PromptTemplates.load(ROOT / "config" / "prompts")
-# The toy reward's two calls: thinking is rewarded, eating is not.
-CHOICES = (Tool.THINK, Tool.EAT)
+SIX = TOOLS[Protocol.TOOLS6]
 
 
 def tiny_run(**changes: object) -> TrainingRunConfig:
@@ -70,11 +69,14 @@ def trajectory_of(decision: Decision, reward: float) -> art.Trajectory:
     return philosopher_trajectory([call], reward, {"tool": str(decision.tool)})
 
 
-def call_log_prob(trainer: TorchGRPOTrainer, chat: list[dict[str, str]], tool: Tool) -> float:
-    """The log-probability the current policy gives the whole call of ``tool``."""
-    transcript = forced(trainer, chat, tool).transcript
-    assert transcript is not None
-    return sum(transcript.logprobs)
+def choice_log_probs(trainer: TorchGRPOTrainer, chat: list[dict[str, str]]) -> dict[Tool, float]:
+    """log P(call) of each tool under the constrained policy: a softmax over the six calls."""
+    totals = []
+    for tool in SIX:
+        transcript = forced(trainer, chat, tool).transcript
+        assert transcript is not None
+        totals.append(sum(transcript.logprobs))
+    return dict(zip(SIX, torch.log_softmax(torch.tensor(totals), 0).tolist(), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +163,10 @@ def test_rollout_tables_rebuild_the_history_rewards(rollouts: dict[str, pl.DataF
     episodes = rollouts["episodes"]
     assert episodes["checkpoint"].unique().to_list() == ["step_0000"]
     assert episodes["episode"].to_list() == [0, 1]
-    # Both episodes of the group play one scenario: the same table randomness.
+    # Both episodes of the group play one scenario: the same table (its seed), each with its
+    # own sampling.
     assert episodes["scenario"].n_unique() == 1
-    assert episodes["seed"].n_unique() == 2
+    assert episodes["seed"].n_unique() == 1
     row = rollout_rewards(episodes, tiny_run())
     assert row["episodes"] == 2
     assert row["reward_mean"] == pytest.approx(row["reward_paper_mean"])
@@ -175,13 +178,15 @@ def test_rollout_tables_rebuild_the_history_rewards(rollouts: dict[str, pl.DataF
 def test_training_raises_the_probability_of_the_rewarded_call(smollm2_dir: Path) -> None:
     """A toy reward with a known answer: thinking earns 1, eating 0, on four tables.
 
-    Three GRPO steps at learning rate 1e-4 must raise the log-probability of the think call
-    by at least 0.5 nats on every table and lower the eat call's, and move the adapter.
+    Three GRPO steps at learning rate 1e-4 must raise the log-probability that the
+    constrained policy chooses think by at least 2 nats (from about 0.001 to over 0.007) on
+    every table and lower eat's, and move the adapter. (The whole call's own probability
+    need not rise: the eat rows push down the tokens every call shares.)
     """
     trainer = TorchGRPOTrainer(smollm2_dir, tiny_run(learning_rate=1e-4), BASE)
     chats = table_conversations(4)
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_B" in k}
-    before = {tool: [call_log_prob(trainer, c, tool) for c in chats] for tool in CHOICES}
+    before = [choice_log_probs(trainer, chat) for chat in chats]
     for step in range(3):
         groups = [
             art.TrajectoryGroup(
@@ -195,10 +200,9 @@ def test_training_raises_the_probability_of_the_rewarded_call(smollm2_dir: Path)
         random.seed(step)
         stats = asyncio.run(trainer.update(groups))
         assert stats.rows == 8
-    after = {tool: [call_log_prob(trainer, c, tool) for c in chats] for tool in CHOICES}
-    for think_before, think_after in zip(before[Tool.THINK], after[Tool.THINK], strict=True):
-        assert think_after - think_before >= 0.5
-    for eat_before, eat_after in zip(before[Tool.EAT], after[Tool.EAT], strict=True):
-        assert eat_after < eat_before
+    after = [choice_log_probs(trainer, chat) for chat in chats]
+    for old, new in zip(before, after, strict=True):
+        assert new[Tool.THINK] - old[Tool.THINK] >= 2.0
+        assert new[Tool.EAT] < old[Tool.EAT]
     state = trainer.model.state_dict()
     assert any(not torch.equal(initial[k], state[k]) for k in initial)

@@ -6,29 +6,49 @@ import copy
 
 import polars as pl
 import pytest
+import yaml
 
 from tests.conftest import ROOT, copy_workflow, run
 
 pytestmark = pytest.mark.workflow
 
 
+def _planned(stdout: str) -> dict[str, int]:
+    """Rule -> job count, from the first "Job stats" table of a (dry) run."""
+    if "Job stats:" not in stdout:
+        return {}  # nothing to be done
+    lines = stdout.split("Job stats:", 1)[1].splitlines()[3:]  # past the header and its rule
+    counts = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 2 or fields[0] == "total":
+            break
+        counts[fields[0]] = int(fields[1])
+    return counts
+
+
 def test_default_config_dry_run_plans_every_cell(tmp_path):
     project = copy_workflow(tmp_path / "project")
     result = run(project, "snakemake", "-n", "--cores", "1", "all")
     # 6 models (5 scripted, 1 local) x 3 sizes, the local model's weights and their manifest,
-    # then statistics, one figure per variant and the report.
-    for rule, count in [
-        ("generate_episodes", 18),
-        ("prepare_model", 1),
-        ("write_model_manifest", 1),
-        ("compute_stats", 1),
-        ("plot_reward", 2),
-        ("write_report", 1),
-    ]:
-        assert any(line.split() == [rule, str(count)] for line in result.stdout.splitlines()), (
-            rule,
-            result.stdout,
-        )
+    # then statistics, monitors, per-variant figures (2 variants), the others, and the report.
+    assert _planned(result.stdout) == {
+        "generate_episodes": 18,
+        "prepare_model": 1,
+        "write_model_manifest": 1,
+        "compute_stats": 1,
+        "compare_models": 1,
+        "compute_power": 1,
+        "compute_monitors": 1,
+        "plot_reward": 2,
+        "plot_deadlock": 1,
+        "plot_reward_vs_meals": 2,
+        "plot_components": 2,
+        "plot_meals_by_seat": 1,
+        "plot_timeline": 1,
+        "write_report": 1,
+        "all": 1,
+    }, result.stdout
 
 
 def test_lint_is_clean():
@@ -47,16 +67,57 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     assert silent["reward_paper_mean"].to_list() == [1.0, 1.0]
     left_first = summary.filter(pl.col("model") == "left_first")
     assert left_first["deadlock_rate"].to_list() == [1.0, 1.0]
+    monitors = pl.read_csv(results / "stats" / "monitors.csv")
+    assert monitors.filter(pl.col("model") == "silent")["degenerate"].all()
     report = (results / "report.md").read_text()
-    assert "resource_hierarchy" in report
-    assert "reward_paper.png" in report
-    for variant in ("paper", "shaped"):
-        assert (results / "figures" / f"reward_{variant}.pdf").stat().st_size > 0
-    for rule in ("generate_episodes", "compute_stats", "plot_reward", "write_report"):
+    for section in ("## Setup", "## Monitors", "## An episode, step by step", "## Paper vs ours"):
+        assert section in report
+    assert "](figures/reward_paper.png)" in report
+    for stem in ("reward_paper", "deadlock", "reward_vs_meals_shaped", "components_paper"):
+        for ext in ("png", "pdf", "csv"):
+            assert (results / "figures" / f"{stem}.{ext}").stat().st_size > 0, (stem, ext)
+    # The configured episode (left_first, N=3, episode 0) deadlocks in round 1.
+    timeline = pl.read_csv(results / "figures" / "timeline.csv")
+    assert timeline.filter(pl.col("deadlock"))["round"].unique().to_list() == [1]
+    for rule in ("generate_episodes", "compute_stats", "compute_monitors", "plot_timeline"):
         assert list((tiny_workflow / "logs" / rule).rglob("*.benchmark.tsv")), rule
     # A second run finds nothing to do.
     again = run(tiny_workflow, "snakemake", "--cores", "2", "all")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+    # The HTML supplement builds, with a caption for every figure and table, and rebuilds to
+    # the same bytes.
+    run(tiny_workflow, "snakemake", "--report", "report.html")
+    html = (tiny_workflow / "report.html").read_bytes()
+    run(tiny_workflow, "snakemake", "--report", "again.html")
+    assert (tiny_workflow / "again.html").read_bytes() == html
+    for caption in ("Newcombe", "Wilson", "starvation", "replaying the recorded decisions"):
+        assert caption.encode() in html, caption
+
+    # Incremental: each change reruns what depends on it, and never the episodes.
+    config_path = tiny_workflow / "config" / "config.yaml"
+    figures = {"plot_reward", "plot_deadlock", "plot_reward_vs_meals", "plot_components"}
+    figures |= {"plot_meals_by_seat"}
+    changes = {
+        "analysis.monitors.starvation_share": (0.9, {"compute_monitors", "write_report"}),
+        "analysis.timeline.episode": (1, {"plot_timeline", "write_report"}),
+        "analysis.comparisons": ([["silent", "left_first"]], {"compare_models", "write_report"}),
+        "analysis.power.effect_size": (
+            0.3,
+            {"compare_models", "compute_power", "write_report"},
+        ),
+        "reward.weights.idle": (
+            0.2,
+            {"compute_stats", "compare_models", "compute_power", "compute_monitors"}
+            | figures
+            | {"write_report"},
+        ),
+    }
+    for dotted, (value, rules) in changes.items():
+        config_path.write_text(yaml.safe_dump(_set(tiny_config, dotted, value), sort_keys=False))
+        planned = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+        assert set(_planned(planned.stdout)) - {"all"} == rules, (dotted, planned.stdout)
+    config_path.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
 
 
 def _set(config: dict, dotted: str, value) -> dict:
@@ -79,6 +140,9 @@ def _set(config: dict, dotted: str, value) -> dict:
         ("experiment.sizes.0", 1, "['sizes'][0]"),
         ("reward.weights.idle", "a lot", "['weights']['idle']"),
         ("analysis.comparisons", [["silent", "nobody"]], "analysis.comparisons[0][1]"),
+        ("analysis.monitors.no_call_rate", 2, "['monitors']['no_call_rate']"),
+        ("analysis.timeline.model", "nobody", "analysis.timeline.model"),
+        ("analysis.timeline.episode", 4, "analysis.timeline.episode"),
     ],
 )
 def test_invalid_config_fails_before_any_job_naming_the_key(

@@ -1,15 +1,26 @@
-"""Adapter of rule write_report: results/report.md with tables, figure and published numbers."""
+"""Adapter of rule write_report: results/report.md with setup, tables, figures and the paper."""
 
-from coordgap.analysis.report import write_report
-from coordgap.config import AnalysisConfig
+from pathlib import Path
+
+from coordgap.analysis.provenance import Provenance
+from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "write_report"):
+    given = snakemake.input
     write_report(
-        summary_csv=snakemake.input.summary,
-        comparisons_csv=snakemake.input.comparisons,
-        figure_png=snakemake.input.figure,
-        paper_reference_yaml=snakemake.input.paper_reference,
-        config=AnalysisConfig.from_dict(snakemake.params.reward, snakemake.params.analysis),
+        inputs=ReportInputs(
+            summary=Path(given.summary),
+            comparisons=Path(given.comparisons),
+            power=Path(given.power),
+            monitors=Path(given.monitors),
+            paper_reference=Path(given.paper_reference),
+            figures=[Path(png) for png in given.figures],
+            timeline=Path(given.timeline),
+            tables=[Path(csv) for csv in given.tables],
+        ),
+        config=snakemake.params.config,
+        # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
+        provenance=Provenance.collect(snakemake.params.config, root=Path.cwd()),
         out_md=snakemake.output[0],
     )

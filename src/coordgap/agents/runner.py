@@ -30,8 +30,7 @@ from tqdm import tqdm
 
 from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
-from coordgap.data import TABLE_SCHEMAS, write_parquet_atomic
-from coordgap.episodes import EpisodeSeeds
+from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, write_parquet_atomic
 from coordgap.policies.factory import open_policy_factory
 
 if TYPE_CHECKING:

@@ -1,6 +1,8 @@
-"""Statistics, figures and the report, computed from episode tables (DESIGN.md §7).
+"""Statistics, monitors, figures and the report, computed from episode tables (DESIGN.md §7).
 
-``stats`` derives every reward variant from the stored components and summarises each model x N
-cell with confidence intervals and pairwise tests; ``figures`` plots the summary; ``report``
-writes the markdown report beside the paper's published figures.
+``stats`` summarises each model x N cell under every reward variant; ``comparisons`` tests
+pairs of models and tabulates power; ``monitors`` flags degenerate policies; ``intervals``
+holds the confidence intervals they share. ``figures`` and ``timeline`` draw them (one look,
+from ``style``), ``paper`` sets the paper's published numbers beside ours, ``provenance``
+records the setup, and ``report`` writes it all into ``results/report.md``.
 """

@@ -1,8 +1,9 @@
-"""The markdown report: our numbers, the degenerate maximum, and the paper's numbers beside ours.
+"""The markdown report: setup, tables, monitors, figures, one episode, and the paper beside us.
 
-The report is built only from the files the statistics and figure rules wrote, plus the
-configuration and ``config/paper_reference.yaml``; it carries no timestamp, so the same inputs
-give the same bytes.
+The report is built only from the files the statistics, monitor and figure rules wrote, the
+configuration, ``config/paper_reference.yaml`` and the provenance collected by the caller; it
+carries no timestamp, so the same inputs give the same bytes. Headings never contain model
+names, so its anchors stay stable whatever the models are called.
 """
 
 from __future__ import annotations
@@ -10,22 +11,24 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import yaml
 
-from coordgap.analysis.stats import COMPARISON_SCHEMA, reward_columns, summary_schema
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
+from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
+from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
+from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
+from coordgap.config import AnalysisConfig, ComparisonConfig, MonitorConfig, cell_episodes
 from coordgap.env.reward import RewardVariant
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from coordgap.config import AnalysisConfig
-
-# A cell whose mean headline reward reaches this with no meal is scoring by doing nothing.
-DEGENERATE_REWARD = 0.9
+    from coordgap.analysis.provenance import Provenance
 
 _MISSING = "n/a"
 
@@ -37,6 +40,40 @@ _DEFINITIONS: dict[RewardVariant, str] = {
     ),
 }
 
+_MONITOR_TEXT = {
+    "degenerate": "share of episodes without a meal scoring at least {c.degenerate_reward} "
+    "under the paper reward",
+    "all_think": "share of episodes in which every action was a think",
+    "no_call": "share of decisions without a parseable tool call",
+    "starvation": "share of episodes in which a seat had no meal while another seat ate",
+}
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """The files a report is made of.
+
+    Attributes:
+        summary: ``results/stats/summary.csv``.
+        comparisons: ``results/stats/comparisons.csv``.
+        power: ``results/stats/power.csv``.
+        monitors: ``results/stats/monitors.csv``.
+        paper_reference: ``config/paper_reference.yaml``.
+        figures: The figures' PNG files, each with its data CSV beside it; shown in the order
+            of :func:`figure_catalog`.
+        timeline: The timeline figure's PNG (its CSV beside it).
+        tables: Further statistics tables to link to (CSV), e.g. components and seats.
+    """
+
+    summary: Path
+    comparisons: Path
+    power: Path
+    monitors: Path
+    paper_reference: Path
+    figures: Sequence[Path]
+    timeline: Path
+    tables: Sequence[Path] = field(default_factory=tuple)
+
 
 def _number(value: float | None, digits: int = 3) -> str:
     if value is None or math.isnan(value):
@@ -44,10 +81,12 @@ def _number(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def _interval(mean: float | None, low: float | None, high: float | None) -> str:
+def _interval(mean: float | None, low: float | None, high: float | None, digits: int = 3) -> str:
     if mean is None or math.isnan(mean):
         return _MISSING
-    return f"{_number(mean)} [{_number(low)}, {_number(high)}]"
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return _number(mean, digits)
+    return f"{_number(mean, digits)} [{_number(low, digits)}, {_number(high, digits)}]"
 
 
 def _p_value(p: float | None) -> str:
@@ -64,12 +103,41 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     )
 
 
-def _method(config: AnalysisConfig) -> str:
+def _link(target: Path, out_md: Path) -> str:
+    return Path(os.path.relpath(target, out_md.parent)).as_posix()
+
+
+def _setup_section(config: dict[str, Any], provenance: Provenance) -> str:
+    env = config["environment"]
+    models = [
+        f"`{name}` ({entry['kind']}, {cell_episodes(config, name)} episodes per N)"
+        for name, entry in config["models"].items()
+    ]
+    facts = [
+        ["Config digest (SHA-256)", f"`{provenance.config_digest}`"],
+        ["Git commit", f"`{provenance.commit}`" if provenance.commit else "not a git checkout"],
+        ["Python", provenance.python],
+        *([f"`{name}`", version] for name, version in provenance.packages.items()),
+    ]
+    sizes = ", ".join(str(n) for n in config["experiment"]["sizes"])
+    design = (
+        f"Protocol `{env['protocol']}`, `{env['turn_order']}` turns, `{env['tie_break']}` "
+        f"tie-breaks, {env['rounds']} rounds per episode, deadlock "
+        f"{'ends' if env['deadlock_terminal'] else 'does not end'} an episode, philosophers "
+        f"see {env['history']} past decisions; N in {{{sizes}}}; base seed {config['seed']}. "
+        f"Models: {', '.join(models)}."
+    )
+    return "## Setup\n\n" + design + "\n\n" + _table(["Item", "Value"], facts)
+
+
+def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str:
+    config = comparing.analysis
     definitions = "\n".join(
         f"- `{variant}`: {_DEFINITIONS[variant].format(w=config.weights)}"
         for variant in config.variants
     )
     confidence = f"{config.confidence * 100:g}%"
+    power = comparing.power
     return (
         "## Method\n\n"
         "Each cell is one model at one table size N. Episodes that ended in an error are "
@@ -77,116 +145,318 @@ def _method(config: AnalysisConfig) -> str:
         "analysis time from the stored components: r_nd (1 without deadlock), r_thru (meals over "
         "the table's capacity), r_fair (inequality of meals between seats) and r_idle (share of "
         f"actions that were idle). The reward variants, headline first:\n\n{definitions}\n\n"
-        f"Mean rewards carry {confidence} bootstrap percentile intervals "
-        f"({config.bootstrap_resamples} resamples, seed {config.seed}); deadlock rates carry "
-        f"{confidence} Wilson score intervals. Pairs of models are compared with Welch's t-test "
-        "and Hedges' g, with Holm's correction across each variant's comparisons."
+        f"Intervals are {confidence}: percentile bootstrap for means and mean differences "
+        f"({config.bootstrap_resamples} resamples, seed {config.seed}; each sample resampled on "
+        "its own), Wilson score for rates, Newcombe's hybrid score for differences of rates, "
+        "and the Hedges-Olkin normal approximation for Hedges' g. Pairs of models are compared "
+        "with Welch's t-test and Hedges' g, with Mann-Whitney U as a robustness check that "
+        "assumes no normality; Holm's correction runs within each family of comparisons and "
+        "reward variant. Achieved power is that of a two-sided two-sample t-test at the "
+        f"observed |g| and alpha {power.alpha:g}: a description of the data, not evidence for "
+        "or against an effect. Undefined statistics read n/a. The monitors' thresholds: "
+        + "; ".join(
+            f"{name} {getattr(monitors, threshold):g}" for name, (_, threshold) in MONITORS.items()
+        )
+        + "."
     )
 
 
-def _summary_section(summary: pl.DataFrame, config: AnalysisConfig) -> str:
-    header = [
-        "Model",
-        "N",
-        "Episodes",
-        "Errors",
-        *(f"Reward ({variant})" for variant in config.variants),
-        "Deadlock rate",
-        "Meals",
-        "Throughput",
-        "Fairness",
-        "Idle",
-        "Failed rate",
-        "No-call rate",
+def _flags(monitors: pl.DataFrame) -> dict[tuple[str, int], list[str]]:
+    return {(row["model"], row["n"]): flagged(row) for row in monitors.iter_rows(named=True)}
+
+
+def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: AnalysisConfig) -> str:
+    flags = _flags(monitors)
+    parts = [
+        "## Rewards\n\nMean episode reward with its bootstrap interval and SD, under every "
+        "variant; the monitors' flags (see Monitors) stand beside the model."
     ]
+    for variant in config.variants:
+        rows = [
+            [
+                row["model"],
+                str(row["n"]),
+                str(row["episodes"]),
+                str(row["errors"]),
+                _interval(*(row[column] for column in reward_columns(variant))),
+                _number(row[reward_sd_column(variant)]),
+                ", ".join(flags.get((row["model"], row["n"]), [])),
+            ]
+            for row in summary.iter_rows(named=True)
+        ]
+        header = ["Model", "N", "Episodes", "Errors", f"Reward ({variant})", "SD", "Flags"]
+        parts.append(f"### `{variant}` reward\n\n" + _table(header, rows))
+    return "\n\n".join(parts)
+
+
+def _per_decision(row: dict[str, Any]) -> str:
+    tokens = (row["tokens_in_per_decision"], row["tokens_out_per_decision"])
+    if all(value is None for value in tokens):
+        return _MISSING
+    return " / ".join(_number(value, 1) for value in tokens)
+
+
+def _behaviour_section(summary: pl.DataFrame) -> str:
+    header = ["Model", "N", "Deadlock rate", "Zero-meal rate", "Meals (SD)", "Throughput"]
+    header += ["Fairness", "Idle", "Failed", "No call", "Tokens in / out", "Seconds"]
+    rows = [
+        [
+            row["model"],
+            str(row["n"]),
+            _interval(row["deadlock_rate"], row["deadlock_ci_low"], row["deadlock_ci_high"]),
+            _interval(row["zero_meal_rate"], row["zero_meal_ci_low"], row["zero_meal_ci_high"]),
+            f"{_number(row['meals_mean'], 2)} ({_number(row['meals_sd'], 2)})",
+            *(
+                _number(row[column])
+                for column in ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
+            ),
+            _per_decision(row),
+            _number(row["latency_s_per_decision"]),
+        ]
+        for row in summary.iter_rows(named=True)
+    ]
+    return (
+        "## Behaviour\n\nRates with Wilson intervals; meals per episode with their SD; "
+        "throughput, fairness and idle are the mean reward components; failed and no-call "
+        "rates are shares of all decisions; tokens and seconds are per decision, where the "
+        "model recorded them.\n\n" + _table(header, rows)
+    )
+
+
+def _comparisons_section(comparisons: pl.DataFrame) -> str:
+    intro = "## Comparisons"
+    if comparisons.is_empty():
+        return f"{intro}\n\nNo comparison had episodes of both models at the same N."
+    header = ["A", "B", "N", "Episodes", "Diff [bootstrap CI]", "t (dof)", "p", "p (Holm)"]
+    header += ["Hedges' g [CI]", "Power", "MWU p (Holm)", "Deadlock diff [Newcombe CI]", "Note"]
+    parts = [
+        f"{intro}\n\nA - B on per-episode reward. Holm's correction runs within each family and "
+        "variant; MWU is the Mann-Whitney U test."
+    ]
+    for (family, variant), group in comparisons.group_by("family", "variant", maintain_order=True):
+        rows = [
+            [
+                row["model_a"],
+                row["model_b"],
+                str(row["n"]),
+                f"{row['episodes_a']} / {row['episodes_b']}",
+                _interval(row["diff"], row["diff_ci_low"], row["diff_ci_high"]),
+                f"{_number(row['t'], 2)} ({_number(row['dof'], 1)})",
+                _p_value(row["p"]),
+                _p_value(row["p_holm"]),
+                _interval(row["hedges_g"], row["hedges_g_ci_low"], row["hedges_g_ci_high"], 2),
+                _number(row["power"], 2),
+                f"{_p_value(row['mwu_p'])} ({_p_value(row['mwu_p_holm'])})",
+                _interval(
+                    row["deadlock_diff"], row["deadlock_diff_ci_low"], row["deadlock_diff_ci_high"]
+                ),
+                row["note"] or "",
+            ]
+            for row in group.iter_rows(named=True)
+        ]
+        parts.append(f"### Family `{family}`, `{variant}` reward\n\n" + _table(header, rows))
+    return "\n\n".join(parts)
+
+
+def _power_section(power: pl.DataFrame) -> str:
+    labels = {"required": "needed", "paper": "the paper", "ours": "ours"}
+    rows = [
+        [
+            labels.get(row["design"], row["design"]),
+            str(row["episodes_per_cell"]),
+            "" if row["cells"] is None else str(row["cells"]),
+            _number(row["power_at_effect"], 2),
+            _number(row["detectable_effect"], 2),
+        ]
+        for row in power.iter_rows(named=True)
+    ]
+    first = power.row(0, named=True)
+    header = ["Design", "Episodes per cell", "Our cells", "Power at g", "Detectable g"]
+    return (
+        f"## Power\n\nA two-sided two-sample t-test at alpha {first['alpha']:g} needs "
+        f"{first['episodes_per_cell']} episodes per cell to detect g = {first['effect_size']:g} "
+        f"with power {first['target_power']:g}. Below: each design's power at "
+        f"g = {first['effect_size']:g}, and the smallest g it detects with power "
+        f"{first['target_power']:g}.\n\n" + _table(header, rows)
+    )
+
+
+def _monitors_section(monitors: pl.DataFrame, config: MonitorConfig) -> str:
+    definitions = "\n".join(
+        f"- `{name}`: {_MONITOR_TEXT[name].format(c=config)}; flagged at "
+        f"{getattr(config, threshold):g} or more"
+        for name, (_, threshold) in MONITORS.items()
+    )
+    header = ["Model", "N", "Episodes", *(f"{name}" for name in MONITORS), "Flags"]
     rows = [
         [
             row["model"],
             str(row["n"]),
             str(row["episodes"]),
-            str(row["errors"]),
-            *(
-                _interval(*(row[column] for column in reward_columns(variant)))
-                for variant in config.variants
-            ),
-            _interval(row["deadlock_rate"], row["deadlock_ci_low"], row["deadlock_ci_high"]),
-            _number(row["meals_mean"], digits=2),
-            *(
-                _number(row[column])
-                for column in ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
-            ),
+            *(_number(row[share], 2) for share, _ in MONITORS.values()),
+            ", ".join(f"**{name}**" for name in flagged(row)),
         ]
-        for row in summary.iter_rows(named=True)
+        for row in monitors.iter_rows(named=True)
     ]
-    return "## Summary\n\n" + _table(header, rows)
+    lines = []
+    for name in MONITORS:
+        sizes = (
+            monitors.filter(pl.col(name))
+            .group_by("model", maintain_order=True)
+            .agg(pl.col("n").sort().cast(pl.String).str.join(", "))
+        )
+        cells = "; ".join(f"{model} (N={n})" for model, n in sizes.iter_rows())
+        lines.append(f"- **{name}**: {cells or 'no cell'}")
+    summary = "\n".join(lines)
+    return (
+        "## Monitors\n\nDegenerate policies score well by not playing. Per model and N:\n\n"
+        f"{definitions}\n\n" + _table(header, rows) + f"\n\nFlagged cells:\n\n{summary}"
+    )
 
 
-def _comparisons_section(comparisons: pl.DataFrame) -> str:
-    if comparisons.is_empty():
-        return "## Comparisons\n\nNo comparison had episodes of both models at the same N."
-    header = ["Reward", "A", "B", "N", "Mean A", "Mean B", "Diff", "t", "dof", "p", "p (Holm)"]
-    header += ["Hedges' g", "Note"]
-    rows = [
+# Every figure of the report, in order: its file stem (with {variant} for one figure per reward
+# variant), title and caption.
+_FIGURE_CATALOG = (
+    (
+        "reward_{variant}",
+        "Mean `{variant}` reward by model and N",
+        "Each model's mean episode reward with its percentile-bootstrap interval, side by side "
+        "at each table size.",
+    ),
+    (
+        "deadlock",
+        "Deadlock rate by model and N",
+        "The share of episodes that deadlocked, with Wilson score intervals.",
+    ),
+    (
+        "reward_vs_meals_{variant}",
+        "`{variant}` reward against meals, per episode",
+        "Every episode as one mark; the shaded band holds episodes without a meal and the dashed "
+        "line the best score reached without one. Marks on that line at zero meals are the "
+        "degenerate maximum: the score of not playing.",
+    ),
+    (
+        "components_{variant}",
+        "`{variant}` reward by term",
+        "Each model's mean reward split into its signed, weighted terms: rewards stacked up from "
+        "zero, penalties down; the diamond is their sum, the mean reward.",
+    ),
+    (
+        "meals_by_seat",
+        "Meals by seat",
+        "Mean meals per episode at each seat with bootstrap intervals: the audit of tie-breaks "
+        "and of seat-dependent policies (equal under a symmetric policy with random "
+        "tie-breaks).",
+    ),
+)
+
+
+def figure_catalog(variants: Sequence[RewardVariant]) -> dict[str, tuple[str, str]]:
+    """Give every figure of the report, by file stem, its title and caption, in report order.
+
+    Args:
+        variants: The configured reward variants.
+
+    Returns:
+        File stem (e.g. ``reward_paper``) -> (title, caption).
+    """
+    catalog: dict[str, tuple[str, str]] = {}
+    for stem, title, caption in _FIGURE_CATALOG:
+        for variant in variants if "{variant}" in stem else [None]:
+            catalog[stem.format(variant=variant)] = (title.format(variant=variant), caption)
+    return catalog
+
+
+def _figures_section(inputs: ReportInputs, out_md: Path, variants: Sequence[RewardVariant]) -> str:
+    by_stem = {Path(png).stem: Path(png) for png in inputs.figures}
+    parts = ["## Figures\n\nEach figure's numbers are in the CSV file beside it."]
+    for stem, (title, caption) in figure_catalog(variants).items():
+        if stem in by_stem:
+            png = by_stem[stem]
+            parts.append(
+                f"### {title}\n\n![{title.replace('`', '')}]({_link(png, out_md)})\n\n"
+                f"{caption} Data: [{png.with_suffix('.csv').name}]"
+                f"({_link(png.with_suffix('.csv'), out_md)})."
+            )
+    if inputs.tables:
+        links = ", ".join(f"[{Path(t).name}]({_link(Path(t), out_md)})" for t in inputs.tables)
+        parts.append(f"Further tables: {links}.")
+    return "\n\n".join(parts)
+
+
+def _timeline_section(inputs: ReportInputs, out_md: Path) -> str:
+    png = Path(inputs.timeline)
+    csv = png.with_suffix(".csv")
+    return (
+        "## An episode, step by step\n\n"
+        f"![One episode, seat by seat and round by round]({_link(png, out_md)})\n\n"
+        "Rows are seats, columns rounds. Each cell is the seat's decision (PL/PR pick up the "
+        "left/right fork, DL/DR put it down, EAT, T think; `!` failed, `?` no tool call), the "
+        "triangles the forks it held at the end of the round, a star a meal; a hatched band is "
+        "a round that ended in a deadlock. The forks are recovered by replaying the recorded "
+        "decisions on the environment with the episode's seed, each outcome checked against "
+        f"the record. Data: [{csv.name}]({_link(csv, out_md)}). Draw any other episode with "
+        "`coordgap show results/episodes/<model>/n<N>.parquet --episode <k>`."
+    )
+
+
+def _published(value: float | list[float]) -> str:
+    return f"[{value[0]:g}, {value[1]:g}]" if isinstance(value, list) else f"{value:g}"
+
+
+def _within(check: Check) -> str:
+    if check.within is None:
+        return _MISSING
+    return "yes" if check.within else "**no**"
+
+
+def _check_rows(checks: Sequence[Check]) -> list[list[str]]:
+    return [
         [
-            row["variant"],
-            row["model_a"],
-            row["model_b"],
-            str(row["n"]),
-            *(_number(row[column]) for column in ("mean_a", "mean_b", "diff", "t")),
-            _number(row["dof"], digits=1),
-            _p_value(row["p"]),
-            _p_value(row["p_holm"]),
-            _number(row["hedges_g"]),
-            row["note"] or "",
+            check.paper_model,
+            f"`{check.quantity}`",
+            _published(check.published),
+            "; ".join(
+                f"N={estimate.n}: {_interval(estimate.value, estimate.low, estimate.high)}"
+                for estimate in check.ours
+            )
+            or "no model of ours by this name",
+            _within(check),
         ]
-        for row in comparisons.iter_rows(named=True)
+        for check in checks
     ]
-    return "## Comparisons\n\n" + _table(header, rows)
 
 
-def _figure_section(figure_png: str | Path, out_md: str | Path, variant: RewardVariant) -> str:
-    link = Path(os.path.relpath(figure_png, Path(out_md).parent)).as_posix()
-    return f"## Figure\n\n![Mean {variant} reward by model and N, with intervals]({link})"
+def _values(values: Iterable[Any]) -> str:
+    return ", ".join(f"{value:g}" if isinstance(value, float) else str(value) for value in values)
 
 
-def _degenerate_section(summary: pl.DataFrame, config: AnalysisConfig) -> str:
-    headline = config.variants[0]
-    mean = reward_columns(headline)[0]
-    flagged = summary.filter((pl.col(mean) >= DEGENERATE_REWARD) & (pl.col("meals_mean") == 0))
-    intro = (
-        "## The degenerate maximum\n\n"
-        f"A cell with a mean `{headline}` reward of at least {DEGENERATE_REWARD} and no meal "
-        "at all is flagged: such a model scores near the maximum by doing nothing."
-    )
-    if flagged.is_empty():
-        return f"{intro}\n\nNo cell is flagged."
-    lines = "\n".join(
-        f"- **{row['model']}** at N={row['n']}: mean `{headline}` reward "
-        f"{_number(row[mean])} with 0 meals; it scores near the maximum by doing nothing."
-        for row in flagged.iter_rows(named=True)
-    )
-    return f"{intro}\n\n{lines}"
-
-
-def _yaml_value(item: Any) -> str:
-    if isinstance(item, list):
-        return "[" + ", ".join(map(str, item)) + "]"
-    return str(item)
-
-
-def _published(entry: dict[str, Any]) -> str:
-    """Render the paper's numbers of one entry as ``key: value`` pairs."""
-    return "; ".join(f"{key}: {_yaml_value(item)}" for key, item in entry.items() if key != "name")
-
-
-def _ours_by_model(summary: pl.DataFrame, model: str, variant: RewardVariant) -> str:
-    parts = []
-    for row in summary.filter(pl.col("model") == model).iter_rows(named=True):
-        reward = _interval(*(row[column] for column in reward_columns(variant)))
-        deadlock = _interval(row["deadlock_rate"], row["deadlock_ci_low"], row["deadlock_ci_high"])
-        meals = _number(row["meals_mean"], digits=2)
-        parts.append(f"N={row['n']}: reward {reward}, deadlock {deadlock}, meals {meals}")
-    return "; ".join(parts)
+def _design_rows(paper: dict[str, Any], config: dict[str, Any]) -> list[list[str]]:
+    weights = config["reward"]["weights"]
+    # The paper's names of the weights of r_nd, r_thru, r_fair and r_idle.
+    names = {"alpha": "nd", "beta": "thru", "gamma": "fair", "delta": "idle"}
+    pairs = [
+        (
+            "Episodes per cell",
+            [paper["episodes"]["per_cell"]],
+            sorted({cell_episodes(config, model) for model in config["models"]}),
+        ),
+        ("Philosophers N", paper["philosophers"], config["experiment"]["sizes"]),
+        (
+            "Rounds per episode",
+            [paper["training"]["rounds_per_episode"]],
+            [config["environment"]["rounds"]],
+        ),
+        (
+            "Reward weights (nd, thru, fair, idle)",
+            [paper["reward"]["weights"][name] for name in names],
+            [weights[ours] for ours in names.values()],
+        ),
+    ]
+    return [
+        [name, _values(theirs), _values(ours), "same" if ours == theirs else "**differs**"]
+        for name, theirs, ours in pairs
+    ]
 
 
 def _ours_by_comparison(comparisons: pl.DataFrame, name: str, variant: RewardVariant) -> str:
@@ -200,68 +470,81 @@ def _ours_by_comparison(comparisons: pl.DataFrame, name: str, variant: RewardVar
     ).iter_rows(named=True)
     return "; ".join(
         f"N={row['n']}: diff {_number(row['diff'])}, p {_p_value(row['p'])}, "
-        f"g {_number(row['hedges_g'])}"
+        f"g {_interval(row['hedges_g'], row['hedges_g_ci_low'], row['hedges_g_ci_high'], 2)}"
         for row in rows
     )
 
 
 def _paper_section(
     paper: dict[str, Any],
+    config: dict[str, Any],
     summary: pl.DataFrame,
     comparisons: pl.DataFrame,
-    variant: RewardVariant,
+    variants: Sequence[RewardVariant],
 ) -> str:
-    model_rows = [
-        [name, _published(entry), _ours_by_model(summary, name, variant) or _MISSING]
-        for name, entry in paper.get("models", {}).items()
-    ]
+    variant = reward_variant_of_paper(variants)
+    checks = check_published(paper, summary, variants)
     comparison_rows = [
         [
             entry["name"],
-            _published(entry),
+            "; ".join(f"{k}: {v}" for k, v in entry.items() if k != "name"),
             _ours_by_comparison(comparisons, entry["name"], variant) or _MISSING,
         ]
         for entry in paper.get("comparisons", [])
     ]
     return (
-        "## Published figures\n\n"
-        f"The numbers published in {paper['paper']}, beside ours (`{variant}` reward) where a "
-        f"model name matches ours.\n\n"
-        + _table(["Paper model", "Published", "Ours"], model_rows)
-        + "\n\n"
+        "## Paper vs ours\n\n"
+        f"The numbers published in {paper['paper']}, beside ours (`{variant}` reward) where "
+        "one of our models has the paper model's name. A published range holds ours when our "
+        "estimate lies in it at every N it covers; a single published number, when it lies in "
+        "our interval (or equals our estimate at its precision where we have no interval). "
+        "A model of ours named like one of the paper's (e.g. `qwen3-14b`) fills its rows.\n\n"
+        "### Design\n\n"
+        + _table(["", "Paper", "Ours", "Same?"], _design_rows(paper, config))
+        + "\n\n### Results\n\n"
+        + _table(
+            ["Paper model", "Quantity", "Published", "Ours", "In their range?"],
+            _check_rows(checks),
+        )
+        + "\n\n### Comparisons\n\n"
         + _table(["Paper comparison", "Published", "Ours"], comparison_rows)
     )
 
 
 def write_report(
-    summary_csv: str | Path,
-    comparisons_csv: str | Path,
-    figure_png: str | Path,
-    paper_reference_yaml: str | Path,
-    config: AnalysisConfig,
+    inputs: ReportInputs,
+    config: dict[str, Any],
+    provenance: Provenance,
     out_md: str | Path,
 ) -> None:
     """Write the markdown report of one analysis.
 
     Args:
-        summary_csv: The summary written by :func:`coordgap.analysis.stats.write_stats`.
-        comparisons_csv: The comparisons written by the same call.
-        figure_png: The reward figure, linked relative to the report's folder.
-        paper_reference_yaml: The paper's published figures (``config/paper_reference.yaml``).
-        config: The analysis configuration; its first variant is the headline.
-        out_md: The report file to write.
+        inputs: The statistics tables, figures and published numbers.
+        config: The whole validated config the workflow ran with.
+        provenance: The setup the report was made with.
+        out_md: The report file; links to figures and tables are relative to its folder.
     """
-    summary = pl.read_csv(summary_csv, schema=summary_schema(config.variants))
-    comparisons = pl.read_csv(comparisons_csv, schema=COMPARISON_SCHEMA)
-    paper = yaml.safe_load(Path(paper_reference_yaml).read_text(encoding="utf-8"))
-    headline = config.variants[0]
+    out_md = Path(out_md)
+    comparing = ComparisonConfig.from_dict(config["reward"], config["analysis"])
+    analysis = comparing.analysis
+    monitor_config = MonitorConfig.from_dict(config["reward"], config["analysis"]["monitors"])
+    summary = read_table(inputs.summary, summary_schema(analysis.variants))
+    comparisons = read_table(inputs.comparisons, COMPARISON_SCHEMA)
+    power = read_table(inputs.power, POWER_SCHEMA)
+    monitors = read_table(inputs.monitors, MONITOR_SCHEMA)
+    paper = yaml.safe_load(Path(inputs.paper_reference).read_text(encoding="utf-8"))
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
-        _method(config),
-        _summary_section(summary, config),
+        _setup_section(config, provenance),
+        _method_section(comparing, monitor_config),
+        _rewards_section(summary, monitors, analysis),
+        _behaviour_section(summary),
         _comparisons_section(comparisons),
-        _figure_section(figure_png, out_md, headline),
-        _degenerate_section(summary, config),
-        _paper_section(paper, summary, comparisons, headline),
+        _power_section(power),
+        _monitors_section(monitors, monitor_config),
+        _figures_section(inputs, out_md, analysis.variants),
+        _timeline_section(inputs, out_md),
+        _paper_section(paper, config, summary, comparisons, analysis.variants),
     ]
-    Path(out_md).write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+    out_md.write_text("\n\n".join(sections) + "\n", encoding="utf-8")

@@ -1,31 +1,36 @@
-"""Per-cell summaries with confidence intervals, and pairwise model comparisons.
+"""Statistics of episode tables: per-cell summaries and their breakdowns.
 
 A cell is one model at one table size N. Only episodes with status ``ok`` enter a statistic;
 every other episode is counted in the cell's ``errors`` column, so a transport failure never
 looks like a silent, high-reward episode. Rewards are derived here from the stored components
-with :func:`coordgap.env.reward.reward_expr`, one column ``reward_<variant>`` per configured
-variant.
+with :mod:`coordgap.env.reward`, one column ``reward_<variant>`` per configured variant, and
+every table that involves a reward has it under every variant: the paper reward's degenerate
+maximum stays visible beside the shaped one.
 
-Intervals (DESIGN.md §7): a bootstrap percentile interval for mean rewards, a Wilson score
-interval for the deadlock rate. Comparisons: Welch's t-test and Hedges' g (pingouin), with Holm's
-correction across each variant's family of comparisons. Undefined statistics are null in the
-summary (a cell without ``ok`` episodes) and NaN with a ``note`` in the comparisons.
+Tables (DESIGN.md §7), all polars, written as CSV by :func:`write_stats`:
+
+* ``summary``: per cell, each variant's mean reward with its bootstrap CI and SD; deadlock and
+  zero-meal rates with Wilson CIs; meals, throughput, fairness, idle, failed and no-call rates;
+  tokens and latency per decision where the model recorded them.
+* ``components``: each variant's mean reward split into its four signed, weighted terms.
+* ``seats``: meals by seat (the tie-break audit).
+* ``episode_rewards``: every ok episode's meals and rewards.
+
+Comparisons and power are in :mod:`coordgap.analysis.comparisons`. Statistics that are
+undefined are null, and NaN never reaches a file.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pingouin as pg
 import polars as pl
 
-from coordgap.env.reward import RewardVariant, reward_expr
+from coordgap.analysis.intervals import bootstrap_mean_ci, wilson_interval
+from coordgap.env.reward import SIGNS, RewardVariant, component_exprs, reward_expr
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,23 +39,41 @@ if TYPE_CHECKING:
 
 DECIMALS = 6  # written floats are rounded so that the files are byte-stable across platforms
 
-COMPARISON_SCHEMA: dict[str, pl.DataType] = {
-    "variant": pl.String(),
-    "model_a": pl.String(),
-    "model_b": pl.String(),
+COMPONENT_SCHEMA: dict[str, pl.DataType] = {
+    "model": pl.String(),
     "n": pl.Int64(),
-    "mean_a": pl.Float64(),
-    "mean_b": pl.Float64(),
-    "diff": pl.Float64(),
-    "t": pl.Float64(),
-    "dof": pl.Float64(),
-    "p": pl.Float64(),
-    "hedges_g": pl.Float64(),
-    "p_holm": pl.Float64(),
-    "note": pl.String(),
+    "variant": pl.String(),
+    "component": pl.String(),
+    "weight": pl.Float64(),
+    "value_mean": pl.Float64(),
+    "contribution": pl.Float64(),
 }
 
-_OK = pl.col("status") == "ok"
+# The seats table's mean meals and its interval.
+SEAT_COLUMNS = ("meals_mean", "meals_ci_low", "meals_ci_high")
+
+SEAT_SCHEMA: dict[str, pl.DataType] = {
+    "model": pl.String(),
+    "n": pl.Int64(),
+    "seat": pl.Int64(),
+    "episodes": pl.Int64(),
+    "meals_mean": pl.Float64(),
+    "meals_ci_low": pl.Float64(),
+    "meals_ci_high": pl.Float64(),
+    "meal_share": pl.Float64(),
+    "starved_rate": pl.Float64(),
+}
+
+# Only episodes that ended without a transport error enter a statistic.
+OK = pl.col("status") == "ok"
+_RATES = ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
+# Per-decision costs, from the episode columns that language models fill and scripted ones
+# leave at zero.
+_COSTS = {
+    "tokens_in_per_decision": "tokens_in",
+    "tokens_out_per_decision": "tokens_out",
+    "latency_s_per_decision": "latency_s",
+}
 
 
 def reward_columns(variant: RewardVariant) -> tuple[str, str, str]:
@@ -63,6 +86,11 @@ def reward_columns(variant: RewardVariant) -> tuple[str, str, str]:
         The mean, lower-bound and upper-bound column names.
     """
     return f"reward_{variant}_mean", f"reward_{variant}_ci_low", f"reward_{variant}_ci_high"
+
+
+def reward_sd_column(variant: RewardVariant) -> str:
+    """Name the summary column of one variant's reward standard deviation."""
+    return f"reward_{variant}_sd"
 
 
 def summary_schema(variants: Sequence[RewardVariant]) -> dict[str, pl.DataType]:
@@ -81,11 +109,54 @@ def summary_schema(variants: Sequence[RewardVariant]) -> dict[str, pl.DataType]:
         "errors": pl.Int64(),
     }
     for variant in variants:
-        schema.update(dict.fromkeys(reward_columns(variant), pl.Float64()))
-    rates = ("deadlock_rate", "deadlock_ci_low", "deadlock_ci_high", "meals_mean")
-    means = ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
-    schema.update(dict.fromkeys(rates + means, pl.Float64()))
+        schema.update(
+            dict.fromkeys((*reward_columns(variant), reward_sd_column(variant)), pl.Float64())
+        )
+    rates = ("deadlock_rate", "deadlock_ci_low", "deadlock_ci_high")
+    rates += ("zero_meal_rate", "zero_meal_ci_low", "zero_meal_ci_high", "meals_mean", "meals_sd")
+    schema.update(dict.fromkeys(rates + _RATES + tuple(_COSTS), pl.Float64()))
     return schema
+
+
+def episode_reward_schema(variants: Sequence[RewardVariant]) -> dict[str, pl.DataType]:
+    """Give the column names and dtypes of :func:`episode_rewards`'s table, in order."""
+    schema: dict[str, pl.DataType] = {
+        "model": pl.String(),
+        "n": pl.Int64(),
+        "episode": pl.Int64(),
+        "deadlock": pl.Boolean(),
+        "meals_total": pl.Int64(),
+    }
+    return schema | {f"reward_{variant}": pl.Float64() for variant in variants}
+
+
+def read_table(path: str | Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Read a CSV written by this package with its exact dtypes.
+
+    Explicit dtypes matter: a column that is null in every row is empty in the file and would
+    otherwise read as text.
+
+    Args:
+        path: The CSV file.
+        schema: Its columns, e.g. :data:`COMPARISON_SCHEMA` or :func:`summary_schema`'s.
+
+    Returns:
+        The table.
+    """
+    return pl.read_csv(path, schema=schema)
+
+
+def read_columns(path: str | Path, dtypes: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Read some columns of a CSV written by this package, with their exact dtypes.
+
+    Args:
+        path: The CSV file.
+        dtypes: The columns wanted and their dtypes.
+
+    Returns:
+        Those columns, in the order of ``dtypes``.
+    """
+    return pl.read_csv(path, columns=list(dtypes), schema_overrides=dtypes).select(list(dtypes))
 
 
 def load_episodes(paths: Sequence[str | Path]) -> pl.DataFrame:
@@ -105,71 +176,55 @@ def load_episodes(paths: Sequence[str | Path]) -> pl.DataFrame:
     return pl.concat([pl.read_parquet(path) for path in paths], how="vertical")
 
 
-def wilson_interval(successes: int, trials: int, confidence: float) -> tuple[float, float]:
-    """Compute the Wilson score interval of a binomial proportion.
-
-    Args:
-        successes: Number of successes (e.g. deadlocked episodes).
-        trials: Number of trials; with none, the interval is undefined.
-        confidence: Coverage, e.g. 0.95.
-
-    Returns:
-        The lower and upper bounds, or two NaNs when ``trials`` is 0.
-    """
-    if trials == 0:
-        return math.nan, math.nan
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = successes / trials
-    z2n = z * z / trials
-    centre = (p + z2n / 2) / (1 + z2n)
-    half = z / (1 + z2n) * math.sqrt(p * (1 - p) / trials + z2n / (4 * trials))
-    # Clipping only removes rounding error at k = 0 and k = n, where a bound equals 0 or 1.
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def bootstrap_mean_ci(
-    values: np.ndarray, confidence: float, resamples: int, seed: int
-) -> tuple[float, float, float]:
-    """Compute a mean with its bootstrap percentile confidence interval.
-
-    Args:
-        values: The sample.
-        confidence: Coverage, e.g. 0.95.
-        resamples: Number of bootstrap resamples.
-        seed: Seed of the local generator; every call starts from it, so a cell's interval does
-            not depend on which other cells are summarised.
-
-    Returns:
-        The mean and the interval's lower and upper bounds; three NaNs for an empty sample.
-    """
-    if values.size == 0:
-        return math.nan, math.nan, math.nan
-    if np.ptp(values) == 0:
-        # Every resample is the sample itself; summing it would only add rounding error.
-        value = float(values[0])
-        return value, value, value
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(values.mean()), float(low), float(high)
-
-
-def _with_rewards(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
+def with_rewards(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
+    """Add one ``reward_<variant>`` column per configured variant to an episode table."""
     return episodes.with_columns(
         reward_expr(variant, config.weights).alias(f"reward_{variant}")
         for variant in config.variants
     )
 
 
-def _rate(numerator: str, denominator: str) -> pl.Expr:
-    """Build the ratio of two summed columns over ``ok`` episodes; null when nothing to divide."""
-    total = pl.col(denominator).filter(_OK).sum()
-    return pl.when(total > 0).then(pl.col(numerator).filter(_OK).sum() / total)
+def _ok_ratio(numerator: str, denominator: str, *, recorded_only: bool = False) -> pl.Expr:
+    """Build sum(numerator) / sum(denominator) over ``ok`` episodes; null with nothing to divide.
+
+    With ``recorded_only``, also null when the numerator is zero throughout: costs that only
+    language models record (tokens, latency) are then absent rather than free.
+    """
+    total = pl.col(denominator).filter(OK).sum()
+    part = pl.col(numerator).filter(OK).sum()
+    defined = (total > 0) & (part > 0) if recorded_only else total > 0
+    return pl.when(defined).then(part / total)
+
+
+def _wilson_columns(
+    successes: pl.Series, trials: pl.Series, prefix: str, confidence: float
+) -> list[pl.Series]:
+    bounds = [wilson_interval(k, t, confidence) for k, t in zip(successes, trials, strict=True)]
+    return [
+        pl.Series(f"{prefix}_ci_low", [low for low, _ in bounds], dtype=pl.Float64),
+        pl.Series(f"{prefix}_ci_high", [high for _, high in bounds], dtype=pl.Float64),
+    ]
+
+
+def _bootstrap_columns(
+    samples: pl.Series, names: Sequence[str], config: AnalysisConfig
+) -> list[pl.Series]:
+    """Estimate each sample's mean with its bootstrap CI, as three columns named ``names``."""
+    estimates = [
+        bootstrap_mean_ci(
+            sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
+        )
+        for sample in samples
+    ]
+    columns = zip(*estimates, strict=True) if estimates else ([], [], [])
+    return [
+        pl.Series(name, column, dtype=pl.Float64)
+        for name, column in zip(names, columns, strict=True)
+    ]
 
 
 def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
-    """Summarise every model x N cell: rewards with intervals, deadlocks, meals and rates.
+    """Summarise every model x N cell: rewards with intervals, deadlocks, meals, rates, costs.
 
     Args:
         episodes: Episode rows (DESIGN.md §5), any number of models and sizes.
@@ -177,124 +232,153 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
 
     Returns:
         One row per (model, n), sorted by model then n, with the columns of
-        :func:`summary_schema`; statistics of a cell without ``ok`` episodes are null.
+        :func:`summary_schema`; statistics of a cell without ``ok`` episodes are null, and so
+        is an SD or interval that one episode cannot give.
     """
     cells = (
-        _with_rewards(episodes, config)
+        with_rewards(episodes, config)
         .group_by("model", "n")
         .agg(
-            _OK.sum().cast(pl.Int64).alias("episodes"),
-            (~_OK).sum().cast(pl.Int64).alias("errors"),
-            pl.col("deadlock").filter(_OK).sum().alias("deadlocks"),
-            pl.col("meals_total").filter(_OK).mean().alias("meals_mean"),
-            pl.col("r_thru").filter(_OK).mean().alias("throughput"),
-            pl.col("r_fair").filter(_OK).mean().alias("fairness"),
-            pl.col("r_idle").filter(_OK).mean().alias("idle"),
-            _rate("failed", "decisions").alias("failed_rate"),
-            _rate("no_call", "decisions").alias("no_call_rate"),
-            *(pl.col(f"reward_{variant}").filter(_OK) for variant in config.variants),
+            OK.sum().cast(pl.Int64).alias("episodes"),
+            (~OK).sum().cast(pl.Int64).alias("errors"),
+            pl.col("deadlock").filter(OK).sum().alias("deadlocks"),
+            (pl.col("meals_total") == 0).filter(OK).sum().alias("zero_meals"),
+            pl.col("meals_total").filter(OK).mean().alias("meals_mean"),
+            pl.col("meals_total").filter(OK).std().alias("meals_sd"),
+            pl.col("r_thru").filter(OK).mean().alias("throughput"),
+            pl.col("r_fair").filter(OK).mean().alias("fairness"),
+            pl.col("r_idle").filter(OK).mean().alias("idle"),
+            _ok_ratio("failed", "decisions").alias("failed_rate"),
+            _ok_ratio("no_call", "decisions").alias("no_call_rate"),
+            *(
+                _ok_ratio(column, "decisions", recorded_only=True).alias(name)
+                for name, column in _COSTS.items()
+            ),
+            *(
+                pl.col(f"reward_{variant}").filter(OK).std().alias(reward_sd_column(variant))
+                for variant in config.variants
+            ),
+            *(pl.col(f"reward_{variant}").filter(OK) for variant in config.variants),
         )
         .sort("model", "n")
     )
-    intervals: dict[str, list[float]] = {}
+    columns: list[pl.Series] = []
     for variant in config.variants:
-        estimates = [
-            bootstrap_mean_ci(
-                sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
-            )
-            for sample in cells[f"reward_{variant}"]
-        ]
-        for name, column in zip(reward_columns(variant), zip(*estimates, strict=True), strict=True):
-            intervals[name] = list(column)
-    deadlocks = [
-        wilson_interval(k, trials, config.confidence)
-        for k, trials in zip(cells["deadlocks"], cells["episodes"], strict=True)
-    ]
-    intervals["deadlock_ci_low"] = [low for low, _ in deadlocks]
-    intervals["deadlock_ci_high"] = [high for _, high in deadlocks]
+        columns += _bootstrap_columns(cells[f"reward_{variant}"], reward_columns(variant), config)
+    columns += _wilson_columns(cells["deadlocks"], cells["episodes"], "deadlock", config.confidence)
+    columns += _wilson_columns(
+        cells["zero_meals"], cells["episodes"], "zero_meal", config.confidence
+    )
     schema = summary_schema(config.variants)
     return (
         cells.with_columns(
             (pl.col("deadlocks") / pl.col("episodes")).alias("deadlock_rate"),
-            *(pl.Series(name, values, dtype=pl.Float64) for name, values in intervals.items()),
+            (pl.col("zero_meals") / pl.col("episodes")).alias("zero_meal_rate"),
+            *columns,
         )
         .select(list(schema))
         .with_columns(pl.col(pl.Float64).fill_nan(None))
     )
 
 
-def _undefined(note: str) -> dict[str, Any]:
-    return dict.fromkeys(("t", "dof", "p", "hedges_g"), math.nan) | {"note": note}
-
-
-def _welch(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    """Run Welch's t-test and Hedges' g on two samples, or say why they are undefined."""
-    if min(x.size, y.size) < 2:
-        return _undefined("fewer than two episodes in a sample")
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        return _undefined("zero variance in both samples")
-    with warnings.catch_warnings():
-        # scipy calls one constant sample a "precision loss"; its variance is exactly zero,
-        # which Welch's test handles, so the warning would only be noise.
-        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-        test = pg.ttest(x, y, correction=True).iloc[0]
-    return {
-        "t": float(test["T"]),
-        "dof": float(test["dof"]),
-        "p": float(test["p_val"]),
-        "hedges_g": float(pg.compute_effsize(x, y, eftype="hedges")),
-        "note": None,
-    }
-
-
-def _holm(family: list[dict[str, Any]]) -> None:
-    """Fill ``p_holm`` across one family in place; rows with an undefined p stay out of it."""
-    tested = [row for row in family if not math.isnan(row["p"])]
-    adjusted = pg.multicomp([row["p"] for row in tested], method="holm")[1] if tested else []
-    for row in family:
-        row["p_holm"] = math.nan
-    for row, p_holm in zip(tested, adjusted, strict=True):
-        row["p_holm"] = float(p_holm)
-
-
-def compare(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
-    """Compare the configured model pairs at every N both have ``ok`` episodes for.
+def component_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
+    """Split each cell's mean reward into its four signed, weighted terms, under every variant.
 
     Args:
         episodes: Episode rows (DESIGN.md §5).
-        config: The analysis configuration; ``comparisons`` lists the (a, b) pairs.
+        config: The analysis configuration.
 
     Returns:
-        One row per variant, pair and N (in config order, then by N) with the columns of
-        ``COMPARISON_SCHEMA``; ``diff`` is ``mean_a - mean_b``, and ``p_holm`` is Holm-adjusted
-        across the variant's rows.
+        One row per model, N, variant and component (``nd``, ``thru``, ``fair``, ``idle``)
+        with the columns of ``COMPONENT_SCHEMA``: the component's weight and mean value over
+        ``ok`` episodes, and its contribution (sign x weight x mean), so that a cell's
+        contributions sum to its mean reward. Null for a cell without ``ok`` episodes.
     """
-    samples = _with_rewards(episodes.filter(_OK), config).partition_by("model", "n", as_dict=True)
-    rows: list[dict[str, Any]] = []
+    frames = []
     for variant in config.variants:
-        family = []
-        for a, b in config.comparisons:
-            sizes_a = {n for model, n in samples if model == a}
-            sizes_b = {n for model, n in samples if model == b}
-            for n in sorted(sizes_a & sizes_b):
-                x = samples[a, n][f"reward_{variant}"].to_numpy()
-                y = samples[b, n][f"reward_{variant}"].to_numpy()
-                mean_a, mean_b = float(x.mean()), float(y.mean())
-                family.append(
-                    {
-                        "variant": str(variant),
-                        "model_a": a,
-                        "model_b": b,
-                        "n": n,
-                        "mean_a": mean_a,
-                        "mean_b": mean_b,
-                        "diff": mean_a - mean_b,
-                        **_welch(x, y),
-                    }
-                )
-        _holm(family)
-        rows.extend(family)
-    return pl.DataFrame(rows, schema=COMPARISON_SCHEMA)
+        means = episodes.group_by("model", "n").agg(
+            expr.filter(OK).mean().alias(name) for name, expr in component_exprs(variant).items()
+        )
+        long = means.unpivot(
+            index=["model", "n"], variable_name="component", value_name="value_mean"
+        )
+        frames.append(long.with_columns(pl.lit(str(variant)).alias("variant")))
+    weights = pl.DataFrame(
+        {
+            "component": list(SIGNS),
+            "weight": [getattr(config.weights, name) for name in SIGNS],
+            "sign": list(SIGNS.values()),
+            "order": range(len(SIGNS)),
+        }
+    )
+    return (
+        pl.concat(frames)
+        .join(weights, on="component")
+        .with_columns(
+            (pl.col("sign") * pl.col("weight") * pl.col("value_mean")).alias("contribution")
+        )
+        .sort(
+            "model",
+            "n",
+            pl.col("variant").cast(pl.Enum([str(v) for v in config.variants])),
+            "order",
+        )
+        .select(list(COMPONENT_SCHEMA))
+    )
+
+
+def seat_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
+    """Tabulate meals by seat: the audit of tie-breaks and seat-dependent policies.
+
+    Args:
+        episodes: Episode rows (DESIGN.md §5).
+        config: The analysis configuration (interval level, bootstrap).
+
+    Returns:
+        One row per model, N and seat over ``ok`` episodes, with the columns of
+        ``SEAT_SCHEMA``: mean meals with a bootstrap CI, the seat's share of all meals (null
+        when nobody ate), and the share of episodes in which the seat starved (no meal while
+        another seat ate).
+    """
+    seats = (
+        episodes.filter(OK)
+        .select("model", "n", "meals_total", pl.col("meals_per_philosopher").alias("meals"))
+        .with_columns(pl.int_ranges(0, pl.col("n")).alias("seat"))
+        .explode("meals", "seat")
+        .group_by("model", "n", "seat")
+        .agg(
+            pl.len().cast(pl.Int64).alias("episodes"),
+            pl.when(pl.col("meals_total").sum() > 0)
+            .then(pl.col("meals").sum() / pl.col("meals_total").sum())
+            .alias("meal_share"),
+            ((pl.col("meals") == 0) & (pl.col("meals_total") > 0)).mean().alias("starved_rate"),
+            pl.col("meals").cast(pl.Float64),
+        )
+        .sort("model", "n", "seat")
+    )
+    columns = _bootstrap_columns(seats["meals"], SEAT_COLUMNS, config)
+    return (
+        seats.with_columns(columns)
+        .select(list(SEAT_SCHEMA))
+        .with_columns(pl.col(pl.Float64).fill_nan(None))
+    )
+
+
+def episode_rewards(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
+    """List every ``ok`` episode's deadlock, meals and reward under every variant.
+
+    Args:
+        episodes: Episode rows (DESIGN.md §5).
+        config: The analysis configuration.
+
+    Returns:
+        One row per ``ok`` episode, sorted by model, N and episode, with the columns of
+        :func:`episode_reward_schema`.
+    """
+    schema = episode_reward_schema(config.variants)
+    return (
+        with_rewards(episodes.filter(OK), config).select(list(schema)).sort("model", "n", "episode")
+    )
 
 
 def metrics(summary: pl.DataFrame, config: AnalysisConfig) -> dict[str, dict[str, Any]]:
@@ -319,31 +403,51 @@ def metrics(summary: pl.DataFrame, config: AnalysisConfig) -> dict[str, dict[str
     return nested
 
 
-def _rounded(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.with_columns(pl.col(pl.Float64).round(DECIMALS))
+def write_csv(frame: pl.DataFrame, path: str | Path) -> None:
+    """Write a table as CSV with floats rounded to ``DECIMALS`` places and NaN as empty.
+
+    A zero is written ``0.0`` whatever its sign: a penalty on a zero mean, or a tiny negative
+    value rounded away, would otherwise read ``-0.0``.
+
+    Args:
+        frame: The table.
+        path: The CSV file.
+    """
+    rounded = pl.col(pl.Float64).fill_nan(None).round(DECIMALS)
+    frame.with_columns(pl.when(rounded == 0).then(0.0).otherwise(rounded).name.keep()).write_csv(
+        path
+    )
+
+
+@dataclass(frozen=True)
+class StatsOutputs:
+    """The files :func:`write_stats` writes."""
+
+    summary: str | Path
+    components: str | Path
+    seats: str | Path
+    episode_rewards: str | Path
+    metrics: str | Path
 
 
 def write_stats(
-    episode_paths: Sequence[str | Path],
-    config: AnalysisConfig,
-    summary_csv: str | Path,
-    comparisons_csv: str | Path,
-    metrics_json: str | Path,
+    episode_paths: Sequence[str | Path], config: AnalysisConfig, outputs: StatsOutputs
 ) -> None:
-    """Compute the summary, comparisons and metrics of episode tables and write them.
+    """Compute the summary and its breakdowns of the episode tables, and write them.
 
     Floats are rounded to ``DECIMALS`` places, so the same episodes give the same bytes.
 
     Args:
         episode_paths: Parquet episode tables.
         config: The analysis configuration.
-        summary_csv: Output of :func:`summarize`.
-        comparisons_csv: Output of :func:`compare`.
-        metrics_json: Output of :func:`metrics` (sorted keys, indent 2).
+        outputs: Where each table goes.
     """
     episodes = load_episodes(episode_paths)
-    summary = _rounded(summarize(episodes, config))
-    summary.write_csv(summary_csv)
-    _rounded(compare(episodes, config)).write_csv(comparisons_csv)
-    text = json.dumps(metrics(summary, config), sort_keys=True, indent=2)
-    Path(metrics_json).write_text(text + "\n", encoding="utf-8")
+    summary = summarize(episodes, config)
+    write_csv(summary, outputs.summary)
+    write_csv(component_table(episodes, config), outputs.components)
+    write_csv(seat_table(episodes, config), outputs.seats)
+    write_csv(episode_rewards(episodes, config), outputs.episode_rewards)
+    rounded = summary.with_columns(pl.col(pl.Float64).round(DECIMALS))
+    text = json.dumps(metrics(rounded, config), sort_keys=True, indent=2)
+    Path(outputs.metrics).write_text(text + "\n", encoding="utf-8")

@@ -25,8 +25,10 @@ paper names the terms and weights but not how each is scaled.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import reduce
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -95,18 +97,22 @@ def components(
     )
 
 
-def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
-    """A polars expression for the reward of each row of an episode table.
+# Each weighted component enters the reward with this sign: two rewards, then two penalties.
+# The keys are the fields of RewardWeights.
+SIGNS: dict[str, float] = {"nd": 1.0, "thru": 1.0, "fair": -1.0, "idle": -1.0}
+
+
+def component_exprs(variant: RewardVariant) -> dict[str, pl.Expr]:
+    """Polars expressions for a variant's four components, each in [0, 1], before weighting.
 
     The table needs the columns ``r_nd``, ``r_thru``, ``r_fair``, ``r_idle``, ``meals_total``,
     ``actions``, ``think`` and ``no_call`` (the episode contract of DESIGN.md §5).
 
     Args:
-        variant: Which reward to compute.
-        weights: The component weights.
+        variant: Which reward's components.
 
     Returns:
-        A float expression named ``reward``.
+        One expression per key of ``SIGNS``, in its order.
     """
     if variant is RewardVariant.PAPER:
         r_nd = pl.col("r_nd")
@@ -116,9 +122,22 @@ def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
         idle = pl.col("think") + pl.col("no_call")
         decided = pl.col("actions") + pl.col("no_call")
         r_idle = pl.when(decided > 0).then(idle / decided).otherwise(0.0)
-    return (
-        weights.nd * r_nd
-        + weights.thru * pl.col("r_thru")
-        - weights.fair * pl.col("r_fair")
-        - weights.idle * r_idle
-    ).alias("reward")
+    return {"nd": r_nd, "thru": pl.col("r_thru"), "fair": pl.col("r_fair"), "idle": r_idle}
+
+
+def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
+    """A polars expression for the reward of each row of an episode table.
+
+    Args:
+        variant: Which reward to compute.
+        weights: The component weights.
+
+    Returns:
+        A float expression named ``reward``: the signed, weighted sum of
+        :func:`component_exprs`.
+    """
+    terms = [
+        SIGNS[name] * getattr(weights, name) * expr
+        for name, expr in component_exprs(variant).items()
+    ]
+    return reduce(operator.add, terms).alias("reward")

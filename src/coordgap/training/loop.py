@@ -46,10 +46,15 @@ from tqdm import tqdm
 
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.config import Trainer
-from coordgap.data import HISTORY_SCHEMA, TABLE_SCHEMAS, derive_seed, write_parquet_atomic
+from coordgap.data import (
+    HISTORY_SCHEMA,
+    TABLE_SCHEMAS,
+    EpisodeSeeds,
+    derive_seed,
+    write_parquet_atomic,
+)
 from coordgap.env.reward import RewardVariant, reward_expr
 from coordgap.env.table import TurnOrder
-from coordgap.episodes import EpisodeSeeds
 from coordgap.policies.adapters import LLMAgentPolicy
 from coordgap.training.trajectories import trajectory_groups
 

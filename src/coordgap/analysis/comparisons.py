@@ -1,0 +1,317 @@
+"""Pairwise comparisons of models, and the power of such comparisons.
+
+Per family of comparisons, reward variant, pair and N: Welch's t-test; Hedges' g with its CI
+and the test's achieved power; the mean difference with a bootstrap CI; Mann-Whitney U as a
+robustness check; the deadlock-rate difference with Newcombe's CI. Holm's correction runs within
+each family and variant. Undefined tests are NaN in memory, with a ``note`` saying why, and
+empty in the written table.
+
+The power table answers the design question beside the paper's: how many episodes per cell a
+two-sample t-test needs to detect the configured effect, and what the paper's and our cell sizes
+can detect.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pingouin as pg
+import polars as pl
+import yaml
+
+from coordgap.analysis.intervals import bootstrap_difference_ci, newcombe_interval
+from coordgap.analysis.stats import OK, load_episodes, read_columns, with_rewards, write_csv
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from coordgap.config import ComparisonConfig, PowerConfig
+    from coordgap.env.reward import RewardVariant
+
+COMPARISON_SCHEMA: dict[str, pl.DataType] = {
+    "family": pl.String(),
+    "variant": pl.String(),
+    "model_a": pl.String(),
+    "model_b": pl.String(),
+    "n": pl.Int64(),
+    "episodes_a": pl.Int64(),
+    "episodes_b": pl.Int64(),
+    "mean_a": pl.Float64(),
+    "mean_b": pl.Float64(),
+    "diff": pl.Float64(),
+    "diff_ci_low": pl.Float64(),
+    "diff_ci_high": pl.Float64(),
+    "t": pl.Float64(),
+    "dof": pl.Float64(),
+    "p": pl.Float64(),
+    "p_holm": pl.Float64(),
+    "hedges_g": pl.Float64(),
+    "hedges_g_ci_low": pl.Float64(),
+    "hedges_g_ci_high": pl.Float64(),
+    "power": pl.Float64(),
+    "mwu_u": pl.Float64(),
+    "mwu_p": pl.Float64(),
+    "mwu_p_holm": pl.Float64(),
+    "deadlock_rate_a": pl.Float64(),
+    "deadlock_rate_b": pl.Float64(),
+    "deadlock_diff": pl.Float64(),
+    "deadlock_diff_ci_low": pl.Float64(),
+    "deadlock_diff_ci_high": pl.Float64(),
+    "note": pl.String(),
+}
+
+POWER_SCHEMA: dict[str, pl.DataType] = {
+    "design": pl.String(),
+    "episodes_per_cell": pl.Int64(),
+    "cells": pl.Int64(),
+    "effect_size": pl.Float64(),
+    "alpha": pl.Float64(),
+    "power_at_effect": pl.Float64(),
+    "target_power": pl.Float64(),
+    "detectable_effect": pl.Float64(),
+}
+
+
+def comparison_families(config: ComparisonConfig) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Group the comparisons into families; Holm's correction runs within each (and variant).
+
+    Today there is one family, the pairs of ``analysis.comparisons``. Another question asked of
+    the same episodes (a trained checkpoint against its base model, say) is another family,
+    built here from its own config, so that its tests do not dilute these.
+
+    Args:
+        config: The comparisons' configuration.
+
+    Returns:
+        Family name -> its (model a, model b) pairs, in config order.
+    """
+    return {"configured": config.comparisons}
+
+
+_TESTS = ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "hedges_g_ci_high", "power")
+
+
+def welch(x: np.ndarray, y: np.ndarray, config: ComparisonConfig) -> dict[str, Any]:
+    """Run Welch's t-test, Hedges' g with its CI and the achieved power, or say why not."""
+    if np.ptp(x) == 0 and np.ptp(y) == 0:
+        return dict.fromkeys(_TESTS, math.nan) | {"note": "zero variance in both samples"}
+    with warnings.catch_warnings():
+        # scipy calls one constant sample a "precision loss"; its variance is exactly zero,
+        # which Welch's test handles, so the warning would only be noise.
+        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        test = pg.ttest(x, y, correction=True).iloc[0]
+    g = float(pg.compute_effsize(x, y, eftype="hedges"))
+    low, high = pg.compute_esci(
+        stat=g,
+        nx=x.size,
+        ny=y.size,
+        eftype="hedges",
+        confidence=config.analysis.confidence,
+        decimals=15,
+    )
+    # Power of the pooled two-sample t-test at the observed effect: Welch's test has no closed
+    # form, and with similar variances the two agree closely.
+    power = pg.power_ttest2n(x.size, y.size, d=abs(g), alpha=config.power.alpha)
+    return {
+        "t": float(test["T"]),
+        "dof": float(test["dof"]),
+        "p": float(test["p_val"]),
+        "hedges_g": g,
+        "hedges_g_ci_low": float(low),
+        "hedges_g_ci_high": float(high),
+        "power": float(power),
+        "note": None,
+    }
+
+
+def _pair(
+    a: pl.DataFrame | None,
+    b: pl.DataFrame | None,
+    names: tuple[str, str],
+    variant: RewardVariant,
+    config: ComparisonConfig,
+) -> dict[str, Any]:
+    """Compare the ``ok`` episodes of two models at one N under one variant."""
+    column = f"reward_{variant}"
+    x = a[column].to_numpy() if a is not None else np.empty(0)
+    y = b[column].to_numpy() if b is not None else np.empty(0)
+    deadlocks_a = int(a["deadlock"].sum()) if a is not None else 0
+    deadlocks_b = int(b["deadlock"].sum()) if b is not None else 0
+    mean_a = float(x.mean()) if x.size else math.nan
+    mean_b = float(y.mean()) if y.size else math.nan
+    rate_a = deadlocks_a / x.size if x.size else math.nan
+    rate_b = deadlocks_b / y.size if y.size else math.nan
+    row: dict[str, Any] = {
+        "episodes_a": x.size,
+        "episodes_b": y.size,
+        "mean_a": mean_a,
+        "mean_b": mean_b,
+        "diff": mean_a - mean_b,
+        "deadlock_rate_a": rate_a,
+        "deadlock_rate_b": rate_b,
+        "deadlock_diff": rate_a - rate_b,
+    }
+    settings = config.analysis
+    bounds = newcombe_interval(deadlocks_a, x.size, deadlocks_b, y.size, settings.confidence)
+    row["deadlock_diff_ci_low"], row["deadlock_diff_ci_high"] = bounds
+    row["diff_ci_low"], row["diff_ci_high"] = bootstrap_difference_ci(
+        x, y, settings.confidence, settings.bootstrap_resamples, settings.seed
+    )
+    missing = [name for name, sample in zip(names, (x, y), strict=True) if sample.size == 0]
+    if missing:
+        note = "no ok episodes of " + " and ".join(missing)
+    elif min(x.size, y.size) < 2:
+        note = "fewer than two episodes in a sample"
+    else:
+        mwu = pg.mwu(x, y).iloc[0]
+        row |= {"mwu_u": float(mwu["U_val"]), "mwu_p": float(mwu["p_val"])} | welch(x, y, config)
+        return row
+    return row | dict.fromkeys((*_TESTS, "mwu_u", "mwu_p"), math.nan) | {"note": note}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Adjust a family of p-values with Holm's step-down correction (pingouin).
+
+    Args:
+        p_values: The family; NaN marks a test that could not be run.
+
+    Returns:
+        The adjusted p-values in the same order; NaN stays NaN and stays out of the family.
+    """
+    tested = [i for i, p in enumerate(p_values) if not math.isnan(p)]
+    adjusted = [math.nan] * len(p_values)
+    if tested:
+        values = pg.multicomp([p_values[i] for i in tested], method="holm")[1]
+        for i, value in zip(tested, values, strict=True):
+            adjusted[i] = float(value)
+    return adjusted
+
+
+def compare(episodes: pl.DataFrame, config: ComparisonConfig) -> pl.DataFrame:
+    """Compare each family's model pairs at every N at which both models played.
+
+    Args:
+        episodes: Episode rows (DESIGN.md §5).
+        config: The comparisons' configuration.
+
+    Returns:
+        One row per family, variant, pair and N (in that order; pairs in config order, N
+        ascending) with the columns of ``COMPARISON_SCHEMA``. ``diff`` is ``mean_a - mean_b``;
+        ``p_holm`` and ``mwu_p_holm`` are Holm-adjusted within the family and variant. A pair
+        at an N where a model has no ``ok`` episode is kept, with a note saying so.
+    """
+    rewarded = with_rewards(episodes, config.analysis)
+    played = set(rewarded.select("model", "n").unique().iter_rows())
+    samples = rewarded.filter(OK).partition_by("model", "n", as_dict=True)
+    rows: list[dict[str, Any]] = []
+    for family, pairs in comparison_families(config).items():
+        for variant in config.analysis.variants:
+            group = []
+            for a, b in pairs:
+                sizes = {n for model, n in played if model == a}
+                sizes &= {n for model, n in played if model == b}
+                for n in sorted(sizes):
+                    key = {"family": family, "variant": str(variant), "model_a": a, "model_b": b}
+                    compared = _pair(
+                        samples.get((a, n)), samples.get((b, n)), (a, b), variant, config
+                    )
+                    group.append(key | {"n": n} | compared)
+            for p, adjusted in (("p", "p_holm"), ("mwu_p", "mwu_p_holm")):
+                for row, value in zip(group, holm([r[p] for r in group]), strict=True):
+                    row[adjusted] = value
+            rows.extend(group)
+    return pl.DataFrame(rows, schema=COMPARISON_SCHEMA)
+
+
+def _design(design: str, episodes: int, cells: int | None, settings: PowerConfig) -> dict[str, Any]:
+    """Power at the configured effect, and the smallest detectable effect, of one design."""
+    power = pg.power_ttest(
+        d=settings.effect_size, n=episodes, alpha=settings.alpha, contrast="two-samples"
+    )
+    detectable = pg.power_ttest(
+        n=episodes, power=settings.power, alpha=settings.alpha, contrast="two-samples"
+    )
+    return {
+        "design": design,
+        "episodes_per_cell": episodes,
+        "cells": cells,
+        "effect_size": settings.effect_size,
+        "alpha": settings.alpha,
+        "power_at_effect": float(power),
+        "target_power": settings.power,
+        "detectable_effect": float(detectable),
+    }
+
+
+def power_table(summary: pl.DataFrame, paper_episodes: int, settings: PowerConfig) -> pl.DataFrame:
+    """Tabulate the a-priori power of two-sample comparisons under three designs.
+
+    ``required`` is the smallest number of episodes per cell that detects the configured
+    effect (Hedges' g) at the configured alpha with the configured power; ``paper`` is the
+    paper's episodes per cell; ``ours`` is one row per distinct number of ``ok`` episodes among
+    our cells. Each row gives the power at the configured effect and the smallest effect
+    detectable with the configured power.
+
+    Args:
+        summary: The ``model``, ``n`` and ``episodes`` columns of
+            :func:`coordgap.analysis.stats.summarize`'s table.
+        paper_episodes: The paper's episodes per cell (30).
+        settings: The power settings.
+
+    Returns:
+        Rows with the columns of ``POWER_SCHEMA``.
+    """
+    needed = pg.power_ttest(
+        d=settings.effect_size, power=settings.power, alpha=settings.alpha, contrast="two-samples"
+    )
+    rows = [
+        _design("required", math.ceil(needed), None, settings),
+        _design("paper", paper_episodes, None, settings),
+    ]
+    # A t-test needs two episodes per sample.
+    counts = summary.filter(pl.col("episodes") >= 2)["episodes"].value_counts().sort("episodes")
+    rows += [_design("ours", k, cells, settings) for k, cells in counts.iter_rows()]
+    return pl.DataFrame(rows, schema=POWER_SCHEMA)
+
+
+def write_comparisons(
+    episode_paths: Sequence[str | Path], config: ComparisonConfig, out_csv: str | Path
+) -> None:
+    """Compare the configured pairs on the episode tables and write the table (byte-stable).
+
+    Args:
+        episode_paths: Parquet episode tables.
+        config: The comparisons' configuration.
+        out_csv: The comparisons table.
+    """
+    write_csv(compare(load_episodes(episode_paths), config), out_csv)
+
+
+def paper_episodes_per_cell(paper_reference_yaml: str | Path) -> int:
+    """Read the paper's episodes per model x N cell from ``config/paper_reference.yaml``."""
+    paper = yaml.safe_load(Path(paper_reference_yaml).read_text(encoding="utf-8"))
+    return int(paper["episodes"]["per_cell"])
+
+
+def write_power(
+    summary_csv: str | Path,
+    paper_reference_yaml: str | Path,
+    settings: PowerConfig,
+    out_csv: str | Path,
+) -> None:
+    """Tabulate the power of the needed, the paper's and our designs, and write it.
+
+    Args:
+        summary_csv: The summary of :func:`coordgap.analysis.stats.write_stats` (its cell sizes).
+        paper_reference_yaml: The paper's published design (episodes per cell).
+        settings: The power settings.
+        out_csv: The power table.
+    """
+    columns = {"model": pl.String(), "n": pl.Int64(), "episodes": pl.Int64()}
+    summary = read_columns(summary_csv, columns)
+    paper_episodes = paper_episodes_per_cell(paper_reference_yaml)
+    write_csv(power_table(summary, paper_episodes, settings), out_csv)

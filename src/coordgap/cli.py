@@ -1,0 +1,88 @@
+"""The ``coordgap`` command.
+
+``coordgap show <table> --episode k`` replays one episode of an episode table (any model, any
+N, also a checkpoint's evaluation table) and draws it seat by seat and round by round: it
+prints the episode as text and writes the figure (PNG and PDF) with its timeline as CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coordgap.analysis.timeline import draw_episode, load_episode, steps_path
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+_STEPS_SUFFIX = ".steps.parquet"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coordgap", description="Dining-philosophers coordination of LLM agents."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser(
+        "show",
+        help="draw one episode seat by seat and round by round",
+        description=(
+            "Replay one episode of an episode table on the environment and draw it: each "
+            "decision, the forks each seat held, meals, failures and the deadlock. Prints the "
+            "episode as text and writes <out>.png, <out>.pdf and <out>.csv."
+        ),
+    )
+    show.add_argument(
+        "table",
+        type=Path,
+        help="an episode table, e.g. results/episodes/<model>/n5.parquet, or its .steps.parquet",
+    )
+    show.add_argument("--episode", type=int, required=True, help="the episode index")
+    show.add_argument(
+        "--out",
+        type=Path,
+        help="path stem of the files written (default: timeline_<model>_n<N>_e<k> here)",
+    )
+    return parser
+
+
+def _default_stem(row: dict[str, object]) -> Path:
+    # Model names are path-safe slugs, possibly with "@<selection>"; guard anything else.
+    model = re.sub(r"[^\w.@-]", "_", str(row["model"]))
+    return Path(f"timeline_{model}_n{row['n']}_e{row['episode']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``coordgap`` command line.
+
+    Args:
+        argv: The arguments after the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status: 0 on success (argparse exits with 2 on a usage error).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    table: Path = args.table
+    episodes = (
+        table.with_name(table.name.removesuffix(_STEPS_SUFFIX) + ".parquet")
+        if table.name.endswith(_STEPS_SUFFIX)
+        else table
+    )
+    steps = steps_path(episodes)
+    for path in (episodes, steps):
+        if not path.is_file():
+            parser.error(f"no such table: {path}")
+    try:
+        episode = load_episode(episodes, steps, args.episode)
+        stem = args.out or _default_stem(episode.row)
+        outputs = [stem.with_name(f"{stem.name}.{ext}") for ext in ("png", "pdf", "csv")]
+        text = draw_episode(episode, *outputs)
+    except ValueError as error:  # also a ReplayError: the steps do not replay
+        parser.error(str(error))
+    sys.stdout.write(text)
+    sys.stdout.write("wrote " + ", ".join(map(str, outputs)) + "\n")
+    return 0

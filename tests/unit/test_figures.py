@@ -1,0 +1,130 @@
+"""Every figure from a tiny fixture: labelled axes, a legend, deterministic files, and a CSV
+that holds exactly the numbers of the statistics table it was drawn from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pytest
+
+from coordgap.analysis import figures
+from coordgap.analysis.stats import (
+    COMPONENT_SCHEMA,
+    SEAT_COLUMNS,
+    SEAT_SCHEMA,
+    StatsOutputs,
+    episode_reward_schema,
+    read_columns,
+    read_table,
+    reward_columns,
+    summary_schema,
+)
+from coordgap.env.reward import RewardVariant
+from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def stats(tmp_path_factory: pytest.TempPathFactory) -> StatsOutputs:
+    """The statistics tables of a tiny fixture: four models at two sizes, one model with `@`."""
+    trained = frame([episode("m@best_val", 5, i, meals=[1, 0, 0, 0, 1], think=i) for i in range(3)])
+    episodes = pl.concat([table(sizes=(5, 7)), trained])
+    return write_tables(episodes, tmp_path_factory.mktemp("stats") / "tables").stats
+
+
+def _check_labels_and_legend(figure: Figure) -> None:
+    panels = [axes for axes in figure.axes if axes.get_visible()]
+    assert panels
+    assert all(axes.get_xlabel() for axes in panels)
+    assert panels[0].get_ylabel()
+    legends = [axes.get_legend() for axes in panels if axes.get_legend()] + figure.legends
+    assert legends
+    texts = [text.get_text() for legend in legends for text in legend.get_texts()]
+    assert "hierarchy" in texts or "no deadlock (+)" in texts
+
+
+def _draw_twice(
+    figure: str, table_csv: Path, tmp_path: Path, variant: RewardVariant | None = None
+) -> Path:
+    """Write a figure twice: same bytes, no creation date; return its CSV."""
+    files = tuple(tmp_path / f"{figure}.{ext}" for ext in ("png", "pdf", "csv"))
+    figures.write_figure(figure, table_csv, *files, variant=variant)
+    first = [path.read_bytes() for path in files]
+    figures.write_figure(figure, table_csv, *files, variant=variant)
+    assert [path.read_bytes() for path in files] == first, figure
+    assert b"CreationDate" not in first[1]
+    assert all(first)
+    return files[2]
+
+
+@pytest.mark.parametrize("variant", [RewardVariant.PAPER, RewardVariant.SHAPED])
+def test_reward_figure(stats: StatsOutputs, tmp_path: Path, variant: RewardVariant) -> None:
+    summary = read_table(stats.summary, summary_schema(CONFIG.variants))
+    figure, data = figures.reward_figure(summary, variant)
+    _check_labels_and_legend(figure)
+    csv = _draw_twice("reward", stats.summary, tmp_path, variant)
+    columns = ["model", "n", *reward_columns(variant)]
+    assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
+        summary.select(columns)
+    )
+    assert data.equals(summary.select(columns))
+
+
+def test_deadlock_figure(stats: StatsOutputs, tmp_path: Path) -> None:
+    summary = read_table(stats.summary, summary_schema(CONFIG.variants))
+    figure, _ = figures.deadlock_figure(summary)
+    _check_labels_and_legend(figure)
+    csv = _draw_twice("deadlock", stats.summary, tmp_path)
+    columns = ["model", "n", *figures.DEADLOCK_COLUMNS]
+    assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
+        summary.select(columns)
+    )
+
+
+@pytest.mark.parametrize("variant", [RewardVariant.PAPER, RewardVariant.SHAPED])
+def test_reward_vs_meals_figure(
+    stats: StatsOutputs, tmp_path: Path, variant: RewardVariant
+) -> None:
+    rewards = read_table(stats.episode_rewards, episode_reward_schema(CONFIG.variants))
+    figure, _ = figures.reward_vs_meals_figure(rewards, variant)
+    _check_labels_and_legend(figure)
+    assert len(figure.axes) == 2  # one panel per N
+    # The best score without a meal is marked: the paper reward's degenerate maximum, 1.0.
+    lines = [line for axes in figure.axes for line in axes.get_lines()]
+    best = {line.get_ydata()[0] for line in lines if line.get_label() == "best without a meal"}
+    assert best == {1.0 if variant is RewardVariant.PAPER else 0.0}
+    csv = _draw_twice("reward_vs_meals", stats.episode_rewards, tmp_path, variant)
+    columns = ["model", "n", "episode", "meals_total", f"reward_{variant}"]
+    schema = episode_reward_schema(CONFIG.variants)
+    assert read_columns(csv, {c: schema[c] for c in columns}).equals(rewards.select(columns))
+
+
+@pytest.mark.parametrize("variant", [RewardVariant.PAPER, RewardVariant.SHAPED])
+def test_components_figure(stats: StatsOutputs, tmp_path: Path, variant: RewardVariant) -> None:
+    components = read_table(stats.components, COMPONENT_SCHEMA)
+    figure, _ = figures.components_figure(components, variant)
+    _check_labels_and_legend(figure)
+    csv = _draw_twice("components", stats.components, tmp_path, variant)
+    expected = components.filter(pl.col("variant") == str(variant))
+    assert read_table(csv, COMPONENT_SCHEMA).equals(expected)
+    # The diamonds sit at the mean rewards of the summary.
+    summary = read_table(stats.summary, summary_schema(CONFIG.variants))
+    means = summary.filter(pl.col("n") == 5).sort("model")[reward_columns(variant)[0]].to_list()
+    (diamonds,) = figure.axes[0].collections
+    assert [y for _, y in diamonds.get_offsets()] == pytest.approx(means, abs=1e-6)
+
+
+def test_meals_by_seat_figure(stats: StatsOutputs, tmp_path: Path) -> None:
+    seats = read_table(stats.seats, SEAT_SCHEMA)
+    figure, _ = figures.meals_by_seat_figure(seats)
+    _check_labels_and_legend(figure)
+    csv = _draw_twice("meals_by_seat", stats.seats, tmp_path)
+    columns = ["model", "n", "seat", *SEAT_COLUMNS]
+    assert read_columns(csv, {c: SEAT_SCHEMA[c] for c in columns}).equals(seats.select(columns))

@@ -1,0 +1,227 @@
+"""The markdown report: its sections, flags, undefined numbers, the paper beside us, its bytes."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pytest
+import yaml
+
+from coordgap.analysis.paper import check_published
+from coordgap.analysis.provenance import Provenance, config_digest, git_commit
+from coordgap.analysis.report import ReportInputs, figure_catalog, write_report
+from coordgap.analysis.stats import summarize
+from coordgap.env.reward import RewardVariant
+from tests.conftest import ROOT, TINY_CONFIG
+from tests.unit.analysis_tables import (
+    COMPARE,
+    CONFIG,
+    PAPER_REFERENCE,
+    episode,
+    frame,
+    table,
+    write_tables,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.unit
+
+PROVENANCE = Provenance(
+    config_digest="0" * 64, commit="abc123", python="3.11.7", packages={"polars": "2.1.0"}
+)
+
+
+def study_config() -> dict[str, Any]:
+    """The tiny workflow config, its models renamed to the fixture's."""
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    config["models"] = {
+        name: {"kind": "scripted", "policy": policy}
+        for name, policy in [
+            ("hierarchy", "resource_hierarchy"),
+            ("left_first", "left_first"),
+            ("silent", "silent"),
+            ("idle", "think_only"),
+        ]
+    }
+    config["experiment"] = {"sizes": [5, 7], "episodes_per_cell": 6}
+    config["analysis"]["comparisons"] = [list(pair) for pair in COMPARE.comparisons]
+    config["analysis"]["timeline"] = {"model": "left_first", "n": 5, "episode": 0}
+    return config
+
+
+def make_inputs(folder: Path, paper: dict[str, Any]) -> ReportInputs:
+    """Every table of the fixture (with a model whose every episode errored), figure paths."""
+    crashed = frame([episode("crashed", 5, i, status="error") for i in range(2)])
+    written = write_tables(pl.concat([table(sizes=(5, 7)), crashed]), folder / "stats")
+    reference = folder / "paper.yaml"
+    reference.write_text(yaml.safe_dump(paper, sort_keys=False), encoding="utf-8")
+    figures = folder / "figures"
+    return ReportInputs(
+        summary=written.stats.summary,
+        comparisons=written.comparisons,
+        power=written.power,
+        monitors=written.monitors,
+        paper_reference=reference,
+        figures=[figures / f"{stem}.png" for stem in figure_catalog(CONFIG.variants)],
+        timeline=figures / "timeline.png",
+        tables=[written.stats.components, written.stats.seats],
+    )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ReportInputs, Path]:
+    folder = tmp_path_factory.mktemp("report")
+    paper = yaml.safe_load(PAPER_REFERENCE.read_text(encoding="utf-8"))
+    paper["models"]["silent"] = {"mean_reward_n5": 1.0, "meals_n5": 0}
+    paper["models"]["hierarchy"] = {"mean_reward_range": [0.0, 0.1], "deadlock_rate_n5": 0.5}
+    paper["comparisons"].append({"name": "hierarchy vs left_first at N=5", "p": 0.5})
+    inputs = make_inputs(folder / "inputs", paper)
+    out_md = folder / "results" / "report.md"
+    out_md.parent.mkdir()
+    write_report(inputs, study_config(), PROVENANCE, out_md)
+    return out_md.read_text(encoding="utf-8"), inputs, out_md
+
+
+def section(text: str, heading: str) -> str:
+    return text.split(f"## {heading}\n")[1].split("\n## ")[0]
+
+
+def test_report_has_every_section_in_order(report: tuple[str, ReportInputs, Path]) -> None:
+    text, _, _ = report
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert headings == [
+        "Setup",
+        "Method",
+        "Rewards",
+        "Behaviour",
+        "Comparisons",
+        "Power",
+        "Monitors",
+        "Figures",
+        "An episode, step by step",
+        "Paper vs ours",
+    ]
+    # Headings name no model, so anchors survive any model name.
+    assert not any(model in line for line in headings for model in ("silent", "hierarchy"))
+
+
+def test_setup_states_digest_commit_and_versions(report: tuple[str, ReportInputs, Path]) -> None:
+    setup = section(report[0], "Setup")
+    assert f"`{'0' * 64}`" in setup
+    assert "`abc123`" in setup
+    assert "| `polars` | 2.1.0 |" in setup
+    assert "`hierarchy` (scripted, 6 episodes per N)" in setup
+
+
+def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInputs, Path]) -> None:
+    text, _, _ = report
+    rewards = section(text, "Rewards")
+    assert "| silent | 5 | 6 | 0 | 1.000 [1.000, 1.000] | 0.000 | degenerate, no_call |" in rewards
+    assert (
+        "| silent | 5 | 6 | 0 | -0.100 [-0.100, -0.100] | 0.000 | degenerate, no_call |" in rewards
+    )
+    assert "| crashed | 5 | 0 | 2 | n/a | n/a |" in rewards
+    assert "nan" not in text.lower()
+    assert "r = 1.0 r_nd + 0.5 r_thru - 0.3 r_fair - 0.1 r_idle" in section(text, "Method")
+    comparisons = section(text, "Comparisons")
+    assert "### Family `configured`, `paper` reward" in comparisons
+    assert "### Family `configured`, `shaped` reward" in comparisons
+    assert "zero variance in both samples" in comparisons
+    power = section(text, "Power")
+    assert "needs 64 episodes per cell to detect g = 0.5 with power 0.8" in power
+    assert "| the paper | 30 |  | 0.48 | 0.74 |" in power
+
+
+def test_monitors_are_flagged_beside_their_model(report: tuple[str, ReportInputs, Path]) -> None:
+    monitors = section(report[0], "Monitors")
+    assert (
+        "| silent | 5 | 6 | 1.00 | 0.00 | 1.00 | 0.00 | **degenerate**, **no_call** |" in monitors
+    )
+    assert "- **no_call**: silent (N=5, 7)" in monitors
+    assert "- **all_think**: idle (N=5, 7)" in monitors
+    assert "- **starvation**: left_first (N=5, 7)" in monitors
+    assert "flagged at 0.5 or more" in monitors
+
+
+def test_figures_are_linked_with_their_data(report: tuple[str, ReportInputs, Path]) -> None:
+    figures = section(report[0], "Figures")
+    assert "![Mean paper reward by model and N](../inputs/figures/reward_paper.png)" in figures
+    assert "[reward_vs_meals_shaped.csv](../inputs/figures/reward_vs_meals_shaped.csv)" in figures
+    assert "[seats.csv](../inputs/stats/seats.csv)" in figures
+    timeline = section(report[0], "An episode, step by step")
+    assert "(../inputs/figures/timeline.png)" in timeline
+    assert "coordgap show" in timeline
+
+
+def test_paper_beside_ours_says_whether_ours_lies_in_their_range(
+    report: tuple[str, ReportInputs, Path],
+) -> None:
+    paper = section(report[0], "Paper vs ours")
+    assert "| Philosophers N | 5, 10, 15 | 5, 7 | **differs** |" in paper
+    assert (
+        "| Reward weights (nd, thru, fair, idle) | 1, 0.5, 0.3, 0.1 | 1, 0.5, 0.3, 0.1 | same |"
+        in (paper)
+    )
+    assert "| silent | `mean_reward_n5` | 1 | N=5: 1.000 [1.000, 1.000] | yes |" in paper
+    assert "| silent | `meals_n5` | 0 | N=5: 0.000 | yes |" in paper
+    assert "| hierarchy | `mean_reward_range` | [0, 0.1] | N=5:" in paper
+    assert re.search(r"\| hierarchy \| `mean_reward_range` \|.*\| \*\*no\*\* \|", paper)
+    assert "| qwen3-14b | `mean_reward_n5` | 0.128 | no model of ours by this name | n/a |" in paper
+    assert "| hierarchy vs left_first at N=5 | p: 0.5 | N=5: diff " in paper
+    assert "N=7: diff" not in paper
+
+
+def test_published_checks_by_quantity() -> None:
+    summary = summarize(table(sizes=(5, 7)), CONFIG)
+    paper = {
+        "models": {
+            "silent": {"mean_reward": 1.0, "names": ["x"], "deadlock_rate_n5": [0.0, 0.2]},
+            "idle": {"mean_reward_range": [0.85, 0.95], "mean_reward_n7": 0.5},
+        }
+    }
+    checks = {
+        (c.paper_model, c.quantity): c for c in check_published(paper, summary, CONFIG.variants)
+    }
+    assert set(checks) == {
+        ("silent", "mean_reward"),
+        ("silent", "deadlock_rate_n5"),
+        ("idle", "mean_reward_range"),
+        ("idle", "mean_reward_n7"),
+    }
+    assert [e.n for e in checks["silent", "mean_reward"].ours] == [5, 7]
+    assert checks["silent", "mean_reward"].within is True
+    assert checks["silent", "deadlock_rate_n5"].within is True
+    assert checks["idle", "mean_reward_range"].within is True  # 0.9 at both sizes
+    assert checks["idle", "mean_reward_n7"].within is False
+    shaped_only = check_published(paper, summary, (RewardVariant.SHAPED,))
+    assert next(c for c in shaped_only if c.quantity == "mean_reward").within is False
+
+
+def test_report_regenerates_byte_identically(
+    report: tuple[str, ReportInputs, Path], tmp_path: Path
+) -> None:
+    text, inputs, out_md = report
+    again = out_md.with_name("again.md")
+    write_report(inputs, study_config(), PROVENANCE, again)
+    assert again.read_bytes() == out_md.read_bytes()
+    assert text == again.read_text(encoding="utf-8")
+
+
+def test_provenance_digest_is_canonical_and_commit_is_read(tmp_path: Path) -> None:
+    config = study_config()
+    reordered = dict(reversed(list(copy.deepcopy(config).items())))
+    assert config_digest(config) == config_digest(reordered)
+    changed = copy.deepcopy(config)
+    changed["reward"]["weights"]["idle"] = 0.2
+    assert config_digest(changed) != config_digest(config)
+    assert git_commit(tmp_path) is None
+    commit = git_commit(ROOT)
+    assert commit is None or re.match(r"^[0-9a-f]{40}( \+ uncommitted changes)?$", commit)
+    collected = Provenance.collect(config, tmp_path)
+    assert collected.packages["pingouin"] != "not installed"
+    assert next(iter(collected.packages)) == "coordgap"

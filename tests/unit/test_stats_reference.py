@@ -1,0 +1,250 @@
+"""Statistics against published worked examples, hand computations and independent libraries.
+
+Sources of the known values:
+
+* Welch's t-test: the three worked examples of the Wikipedia article "Welch's t-test"
+  (t, degrees of freedom and p to two or three decimals); scipy as the exact oracle.
+* Wilson interval: Newcombe (1998a), "Two-sided confidence intervals for the single
+  proportion", Statistics in Medicine 17:857, Table I (method 3); statsmodels as the oracle.
+* Newcombe's hybrid score interval for a difference of proportions: Newcombe (1998b),
+  "Interval estimation for the difference between independent proportions", Statistics in
+  Medicine 17:873, Table II (method 10); statsmodels ``confint_proportions_2indep`` as oracle.
+* Holm: Holm (1979)'s step-down rule on a four-p-value family worked by hand.
+* Power: Cohen (1988), Statistical Power Analysis, Table 2.4.1: 64 per group for d = 0.5,
+  two-sided alpha 0.05, power 0.80; statsmodels ``TTestIndPower`` as the oracle.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestIndPower
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
+
+from coordgap.analysis.comparisons import holm, power_table, welch
+from coordgap.analysis.intervals import (
+    bootstrap_difference_ci,
+    bootstrap_mean_ci,
+    newcombe_interval,
+    wilson_interval,
+)
+from coordgap.analysis.stats import summarize
+from tests.unit.analysis_tables import COMPARE, CONFIG, POWER, table
+
+pytestmark = pytest.mark.unit
+
+# Wikipedia, "Welch's t-test", Examples 1-3: samples, then published t, dof and p.
+WELCH_EXAMPLES = [
+    (
+        [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4],
+        [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4],
+        (-2.46, 25.0, 0.021),
+    ),
+    (
+        [17.2, 20.9, 22.6, 18.1, 21.7, 21.4, 23.5, 24.2, 14.7, 21.8],
+        [
+            *(21.5, 22.8, 21.0, 23.0, 21.6, 23.6, 22.5, 20.7, 23.4, 21.8),
+            *(20.7, 21.7, 21.5, 22.5, 23.6, 21.5, 22.5, 23.5, 21.5, 21.8),
+        ],
+        (-1.57, 9.9, 0.149),
+    ),
+    (
+        [19.8, 20.4, 19.6, 17.8, 18.5, 18.9, 18.3, 18.9, 19.5, 22.0],
+        [
+            *(28.2, 26.6, 20.1, 23.3, 25.2, 22.1, 17.7, 27.6, 20.6, 13.7),
+            *(23.2, 17.5, 20.6, 18.0, 23.9, 21.6, 24.3, 20.4, 23.9, 13.3),
+        ],
+        (-2.22, 24.5, 0.036),
+    ),
+]
+
+
+@pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
+def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
+    x: list[float], y: list[float], published: tuple[float, float, float]
+) -> None:
+    a, b = np.array(x), np.array(y)
+    got = welch(a, b, COMPARE)
+    t, dof, p = published
+    # Published to two or three decimals.
+    assert got["t"] == pytest.approx(t, abs=0.01)
+    assert got["dof"] == pytest.approx(dof, abs=0.05)
+    assert got["p"] == pytest.approx(p, abs=0.001)
+    # Exact: scipy, and the textbook formulas.
+    oracle = scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert (got["t"], got["p"]) == pytest.approx((oracle.statistic, oracle.pvalue), rel=1e-9)
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    assert got["t"] == pytest.approx((a.mean() - b.mean()) / math.sqrt(va + vb), rel=1e-12)
+    welch_dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    assert got["dof"] == pytest.approx(welch_dof, rel=1e-12)
+
+
+@pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
+def test_hedges_g_and_its_interval_match_a_hand_computation(
+    x: list[float], y: list[float], published: tuple[float, float, float]
+) -> None:
+    a, b = np.array(x), np.array(y)
+    got = welch(a, b, COMPARE)
+    na, nb = a.size, b.size
+    pooled = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
+    g = (a.mean() - b.mean()) / pooled * (1 - 3 / (4 * (na + nb) - 9))
+    assert got["hedges_g"] == pytest.approx(g, rel=1e-12)
+    # Hedges & Olkin's large-sample standard error, with a t critical value on na + nb - 2 dof.
+    se = math.sqrt((na + nb) / (na * nb) + g**2 / (2 * (na + nb)))
+    crit = scipy_stats.t.ppf(0.975, na + nb - 2)
+    assert (got["hedges_g_ci_low"], got["hedges_g_ci_high"]) == pytest.approx(
+        (g - crit * se, g + crit * se), rel=1e-9
+    )
+    power = TTestIndPower().power(effect_size=abs(g), nobs1=na, ratio=nb / na, alpha=0.05)
+    assert got["power"] == pytest.approx(power, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "published"),
+    [
+        (81, 263, (0.2553, 0.3662)),
+        (15, 148, (0.0624, 0.1605)),
+        (0, 20, (0.0, 0.1611)),
+        (1, 29, (0.0061, 0.1718)),
+    ],
+)
+def test_wilson_interval_matches_newcombe_1998_table(
+    successes: int, trials: int, published: tuple[float, float]
+) -> None:
+    assert wilson_interval(successes, trials, 0.95) == pytest.approx(published, abs=5e-5)
+
+
+@pytest.mark.parametrize(("successes", "trials"), [(0, 10), (10, 10), (3, 10), (1, 1), (17, 30)])
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_wilson_interval_matches_statsmodels(
+    successes: int, trials: int, confidence: float
+) -> None:
+    expected = proportion_confint(successes, trials, alpha=1 - confidence, method="wilson")
+    assert wilson_interval(successes, trials, confidence) == pytest.approx(expected, abs=1e-12)
+
+
+def test_wilson_interval_without_trials_is_undefined() -> None:
+    assert all(math.isnan(bound) for bound in wilson_interval(0, 0, 0.95))
+
+
+# Newcombe (1998b), Table II, method 10: (a, m, b, n) for a/m - b/n, and the published bounds.
+NEWCOMBE_EXAMPLES = [
+    ((56, 70, 48, 80), (0.0524, 0.3339)),
+    ((9, 10, 3, 10), (0.1705, 0.8090)),
+    ((6, 7, 2, 7), (0.0582, 0.8062)),
+    ((5, 56, 0, 29), (-0.0381, 0.1926)),
+    ((0, 10, 0, 20), (-0.1611, 0.2775)),
+    ((0, 10, 0, 10), (-0.2775, 0.2775)),
+    ((10, 10, 0, 20), (0.6791, 1.0000)),
+    ((10, 10, 0, 10), (0.6075, 1.0000)),
+]
+
+
+@pytest.mark.parametrize(("counts", "published"), NEWCOMBE_EXAMPLES)
+def test_newcombe_interval_matches_the_published_examples_and_statsmodels(
+    counts: tuple[int, int, int, int], published: tuple[float, float]
+) -> None:
+    got = newcombe_interval(*counts, 0.95)
+    assert got == pytest.approx(published, abs=5e-5)
+    a, m, b, n = counts
+    oracle = confint_proportions_2indep(a, m, b, n, method="newcomb", compare="diff", alpha=0.05)
+    assert got == pytest.approx(tuple(map(float, oracle)), abs=1e-12)
+
+
+def test_newcombe_interval_without_trials_is_undefined() -> None:
+    assert all(math.isnan(bound) for bound in newcombe_interval(0, 0, 3, 10, 0.95))
+
+
+def test_holm_on_a_known_family_and_against_statsmodels() -> None:
+    # Ascending: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04, and each
+    # adjusted p is the running maximum: 0.02, 0.03, 0.06, 0.06.
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm(p) == pytest.approx(multipletests(p, method="holm")[1])
+
+
+def test_holm_leaves_an_undefined_p_out_of_the_family() -> None:
+    adjusted = holm([0.01, math.nan, 0.04])
+    assert adjusted[0] == pytest.approx(0.02)
+    assert math.isnan(adjusted[1])
+    assert adjusted[2] == pytest.approx(0.04)
+    assert holm([]) == []
+
+
+def test_power_table_against_cohen_and_statsmodels() -> None:
+    power = power_table(summarize(table(), CONFIG), 30, POWER)
+    required, paper, ours = power.rows(named=True)
+    # Cohen (1988), Table 2.4.1: 64 per group for d = 0.5, two-sided alpha 0.05, power 0.80.
+    assert required["episodes_per_cell"] == 64
+    assert required["power_at_effect"] >= 0.8
+    solver = TTestIndPower()
+    assert solver.solve_power(effect_size=0.5, alpha=0.05, power=0.8) == pytest.approx(
+        63.77, abs=0.01
+    )
+    assert paper["episodes_per_cell"] == 30
+    assert paper["power_at_effect"] == pytest.approx(
+        solver.power(effect_size=0.5, nobs1=30, alpha=0.05), abs=1e-6
+    )
+    assert paper["detectable_effect"] == pytest.approx(
+        solver.solve_power(nobs1=30, alpha=0.05, power=0.8), abs=1e-4
+    )
+    # The fixture's cells all hold six ok episodes.
+    assert (ours["design"], ours["episodes_per_cell"], ours["cells"]) == ("ours", 6, 4)
+
+
+def _coverage(draw, truth: float, sims: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for sim in range(sims):
+        low, high = draw(rng, sim)
+        hits += low <= truth <= high
+    return hits / sims
+
+
+def test_bootstrap_mean_interval_covers_about_95_percent_of_normal_means() -> None:
+    """1000 samples of 30 from N(0.5, 0.2), 1000 resamples each.
+
+    The percentile bootstrap of a mean under-covers a little at n = 30: it is about a z
+    interval with the plug-in SD, so its coverage is P(|t_29| < 1.96 sqrt(29/30)) = 0.936.
+    1000 simulations give a binomial SE of 0.0077; 0.91-0.97 is that value +- 3.4 SE.
+    """
+
+    def draw(rng: np.random.Generator, sim: int) -> tuple[float, float]:
+        _, low, high = bootstrap_mean_ci(rng.normal(0.5, 0.2, 30), 0.95, 1000, seed=sim)
+        return low, high
+
+    assert 0.91 <= _coverage(draw, 0.5, sims=1000, seed=2024) <= 0.97
+
+
+def test_bootstrap_difference_interval_covers_about_95_percent() -> None:
+    """1000 pairs of samples, 30 from N(0.6, 0.2) and 20 from N(0.4, 0.3): same tolerance."""
+
+    def draw(rng: np.random.Generator, sim: int) -> tuple[float, float]:
+        x, y = rng.normal(0.6, 0.2, 30), rng.normal(0.4, 0.3, 20)
+        return bootstrap_difference_ci(x, y, 0.95, 1000, seed=sim)
+
+    assert 0.91 <= _coverage(draw, 0.2, sims=1000, seed=2025) <= 0.97
+
+
+def test_bootstrap_intervals_are_seeded_and_degenerate_cases_are_explicit() -> None:
+    values = np.random.default_rng(0).uniform(size=30)
+    mean, low, high = bootstrap_mean_ci(values, 0.95, 2000, seed=3)
+    assert mean == pytest.approx(values.mean())
+    assert low < mean < high
+    assert bootstrap_mean_ci(values, 0.95, 2000, seed=3) == (mean, low, high)
+    assert bootstrap_mean_ci(values, 0.95, 2000, seed=4) != (mean, low, high)
+    assert bootstrap_mean_ci(np.full(12, 0.1), 0.95, 2000, seed=3) == (0.1, 0.1, 0.1)
+    one = bootstrap_mean_ci(np.array([0.7]), 0.95, 2000, seed=3)
+    assert one[0] == 0.7
+    assert math.isnan(one[1])
+    assert math.isnan(one[2])
+    assert all(math.isnan(v) for v in bootstrap_mean_ci(np.empty(0), 0.95, 2000, seed=3))
+    assert bootstrap_difference_ci(np.full(5, 1.0), np.full(4, 0.9), 0.95, 500, 1) == (
+        pytest.approx(0.1),
+        pytest.approx(0.1),
+    )
+    assert all(math.isnan(v) for v in bootstrap_difference_ci(values, values[:1], 0.95, 500, 1))
