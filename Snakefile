@@ -25,6 +25,7 @@ include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/episodes.smk"
 include: "rules/train.smk"
+include: "rules/evaluate.smk"
 include: "rules/analysis.smk"
 
 
@@ -50,3 +51,9 @@ rule models:
 rule train:
     input:
         training_targets(),
+
+
+rule evaluate:
+    input:
+        selection_targets(),
+        test_targets(),

@@ -64,6 +64,7 @@ rule compare_models:
         analysis=analysis_settings(
             "confidence", "bootstrap_resamples", "seed", "comparisons", "power"
         ),
+        checkpoints=checkpoint_families(config),
     log:
         "logs/compare_models/compare_models.log",
     benchmark:
@@ -279,6 +280,8 @@ rule write_report:
         ],
         figures=report_figures(),
         timeline="results/figures/timeline.png",
+        selections=selection_targets(),
+        training_figures=expand("results/figures/training_{run}.png", run=RUNS),
         paper_reference="config/paper_reference.yaml",
         code=src_files("analysis", "env/reward.py", "config.py"),
     output:
@@ -299,3 +302,26 @@ rule write_report:
         CONDA_ENV
     script:
         "../workflow/scripts/write_report.py"
+
+
+rule plot_training:
+    input:
+        selection="results/eval/{run}/selection.json",
+        code=src_files("analysis/training.py", "analysis/style.py", "analysis/stats.py"),
+    output:
+        png=report(
+            "results/figures/training_{run}.png",
+            caption="../workflow/report/figure_training.rst",
+            category="Figures",
+            labels={"figure": "training curve and checkpoint selection", "run": "{run}"},
+        ),
+        pdf="results/figures/training_{run}.pdf",
+        csv="results/figures/training_{run}.csv",
+    log:
+        "logs/plot_training/{run}.log",
+    benchmark:
+        "logs/plot_training/{run}.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/plot_training.py"

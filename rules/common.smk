@@ -6,7 +6,12 @@ from pathlib import Path
 
 from snakemake.utils import available_cpu_count, validate
 
-from coordgap.config import cell_episodes, check_cross_keys
+from coordgap.config import (
+    cell_episodes,
+    check_cross_keys,
+    checkpoint_families,
+    selected_checkpoints,
+)
 
 # ---------------------------------------------------------------- validation
 
@@ -19,6 +24,9 @@ check_cross_keys(config)
 MODELS = list(config["models"])
 LOCAL_MODELS = [name for name, entry in config["models"].items() if entry["kind"] == "local"]
 RUNS = list(config["training"]["runs"])
+POLICIES = config["evaluation"]["policies"]
+# Selected checkpoints, models named <run>@<policy>: each plays the test grid.
+SELECTED = selected_checkpoints(config)
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
 SRC = Path("src/coordgap")
@@ -40,6 +48,8 @@ TIMELINE_CODE = (
 wildcard_constraints:
     model="|".join(re.escape(name) for name in MODELS),
     run="|".join(re.escape(name) for name in RUNS) or "(?!)",
+    policy="|".join(POLICIES),
+    step=r"\d{4}",
     size=r"\d+",
     variant="|".join(VARIANTS),
 
@@ -48,6 +58,9 @@ localrules:
     all,
     episodes,
     models,
+    train,
+    evaluate,
+    select_checkpoints,
     write_model_manifest,
     compute_power,
     plot_reward,
@@ -56,6 +69,7 @@ localrules:
     plot_components,
     plot_meals_by_seat,
     plot_timeline,
+    plot_training,
     write_report,
 
 
@@ -145,6 +159,43 @@ def training_targets():
     )
 
 
+def evaluated_steps(run):
+    """The checkpoints of a run that play validation: 0, every, 2 * every, ... and the last."""
+    steps = config["training"]["runs"][run]["steps"]
+    return sorted({*range(0, steps + 1, config["evaluation"]["every"]), steps})
+
+
+def validation_tables(wildcards):
+    """The validation episode tables of every evaluated checkpoint of the job's run."""
+    return expand(
+        "results/eval/{run}/step_{step:04d}.parquet",
+        run=wildcards.run,
+        step=evaluated_steps(wildcards.run),
+    )
+
+
+def selected_base_entry(wildcards):
+    """The models entry of the base model of a selected checkpoint's run."""
+    return config["models"][config["training"]["runs"][wildcards.run]["base_model"]]
+
+
+def selected_episodes(wildcards):
+    """Episodes per cell of a selected checkpoint: its base model's."""
+    return cell_episodes(config, config["training"]["runs"][wildcards.run]["base_model"])
+
+
+def test_targets():
+    """Every test table of every selected checkpoint: <run>@<policy> x sizes."""
+    return [
+        f"results/test/{name}/n{size}.parquet" for name in SELECTED for size in SIZES
+    ]
+
+
+def selection_targets():
+    """Every run's selection."""
+    return expand("results/eval/{run}/selection.json", run=RUNS)
+
+
 def model_targets():
     """Every local model's prepared weights."""
     return expand("resources/models/{model}", model=LOCAL_MODELS)
@@ -156,11 +207,9 @@ def episode_targets():
 
 
 def analysis_tables():
-    """The episode tables the statistics read: every model x N cell of the grid.
-
-    Tables of further models (e.g. evaluated checkpoints, named <run>@<selection>) join here.
-    """
-    return episode_targets()
+    """The episode tables the statistics read: every model x N cell of the grid, the selected
+    checkpoints' (models named <run>@<policy>) included."""
+    return episode_targets() + test_targets()
 
 
 def analysis_settings(*keys):
@@ -188,10 +237,15 @@ def report_figures():
 
 def final_targets():
     """What `all` builds: statistics, monitors, every figure (PNG, PDF, CSV), the report."""
-    figures = [*report_figures(), "results/figures/timeline.png"]
+    figures = [
+        *report_figures(),
+        "results/figures/timeline.png",
+        *expand("results/figures/training_{run}.png", run=RUNS),
+    ]
     return [
         "resources/models/manifest.json",
         *training_targets(),
+        *selection_targets(),
         *expand(
             "results/stats/{table}.csv",
             table=[

@@ -6,7 +6,14 @@ rule train_grpo:
         weights=run_weights,
         prompts="config/prompts",
         code=src_files(
-            "training", "agents", "policies", "env", "episodes.py", "data.py", "config.py"
+            "training",
+            "agents",
+            "policies",
+            "env",
+            "episodes.py",
+            "data.py",
+            "config.py",
+            "preemption.py",
         ),
     output:
         # One folder for all steps: evaluation jobs take it whole and read their step, so a

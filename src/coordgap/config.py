@@ -144,19 +144,39 @@ class ComparisonConfig:
         analysis: Rewards and interval settings.
         comparisons: The (model a, model b) pairs of ``analysis.comparisons``.
         power: The power settings; their alpha is the one of each comparison's achieved power.
+        checkpoints: Further families from checkpoint selection (``checkpoint_families``).
     """
 
     analysis: AnalysisConfig
     comparisons: tuple[tuple[str, str], ...]
     power: PowerConfig
+    checkpoints: dict[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> ComparisonConfig:
-        """Build from the validated ``reward`` section and the comparison keys of ``analysis``."""
+    def from_dict(
+        cls,
+        reward: dict[str, Any],
+        analysis: dict[str, Any],
+        checkpoints: dict[str, Any] | None = None,
+    ) -> ComparisonConfig:
+        """Build from the validated ``reward`` section and the comparison keys of ``analysis``.
+
+        Args:
+            reward: The ``reward`` section.
+            analysis: The ``analysis`` keys the comparisons read.
+            checkpoints: The families of ``checkpoint_families``, if the study trains.
+
+        Returns:
+            The comparisons' configuration.
+        """
         return cls(
             analysis=AnalysisConfig.from_dict(reward, analysis),
             comparisons=tuple((a, b) for a, b in analysis["comparisons"]),
             power=PowerConfig.from_dict(analysis["power"]),
+            checkpoints={
+                family: tuple((a, b) for a, b in pairs)
+                for family, pairs in (checkpoints or {}).items()
+            },
         )
 
 
@@ -356,9 +376,10 @@ def check_cross_keys(config: dict[str, Any]) -> None:
         ConfigError: On the first problem, naming the offending key.
     """
     models = config["models"]
+    known = set(models) | set(selected_checkpoints(config))
     for i, pair in enumerate(config["analysis"]["comparisons"]):
         for j, name in enumerate(pair):
-            if name not in models:
+            if name not in known:
                 raise ConfigError(
                     f"config key 'analysis.comparisons[{i}][{j}]': unknown model '{name}'"
                 )
@@ -392,6 +413,46 @@ def _check_timeline(config: dict[str, Any]) -> None:
         )
 
 
+def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The models that are selected checkpoints, ``<run>@<policy>``, with their run and policy.
+
+    Each plays the test grid like any model (DESIGN.md §7).
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Model name -> (run, selection policy), runs and policies in config order.
+    """
+    return {
+        f"{run}@{policy}": (run, policy)
+        for run in config["training"]["runs"]
+        for policy in config["evaluation"]["policies"]
+    }
+
+
+def checkpoint_families(config: dict[str, Any]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """The comparison families checkpoint selection adds, one pair list per run and question.
+
+    ``<run>: selected vs base`` compares every selected checkpoint with the run's base model;
+    ``<run>: selected vs last`` compares every other selection with the paper's choice.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Family name -> (model a, model b) pairs; Holm's correction runs within each.
+    """
+    families: dict[str, tuple[tuple[str, str], ...]] = {}
+    for run, entry in config["training"]["runs"].items():
+        selected = [name for name, (r, _) in selected_checkpoints(config).items() if r == run]
+        families[f"{run}: selected vs base"] = tuple((m, entry["base_model"]) for m in selected)
+        last = f"{run}@last"
+        if last in selected and len(selected) > 1:
+            families[f"{run}: selected vs last"] = tuple((m, last) for m in selected if m != last)
+    return families
+
+
 def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
     """The scenario ids each split of a config uses, by split name.
 
@@ -399,14 +460,18 @@ def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
         config: The schema-valid config.
 
     Returns:
-        ``{"test": range, "train": range}``: the test range covers the largest cell, the
-        training range the longest run.
+        ``{"test": ..., "validation": ..., "train": ...}``: the test range covers the largest
+        cell, the validation range a checkpoint's episodes, the training range the longest
+        run.
     """
     first = config["scenarios"]
     cells = [cell_episodes(config, model) for model in config["models"]]
     runs = [run["steps"] * run["groups_per_step"] for run in config["training"]["runs"].values()]
     return {
         "test": range(first["test"], first["test"] + max(cells)),
+        "validation": range(
+            first["validation"], first["validation"] + config["evaluation"]["episodes"]
+        ),
         "train": range(first["train"], first["train"] + max(runs, default=0)),
     }
 

@@ -18,6 +18,8 @@ with job_log(snakemake.log[0], "write_report"):
             figures=[Path(png) for png in given.figures],
             timeline=Path(given.timeline),
             tables=[Path(csv) for csv in given.tables],
+            selections=[Path(path) for path in given.selections],
+            training_figures=[Path(png) for png in given.training_figures],
         ),
         config=snakemake.params.config,
         # Snakemake runs the job in the workflow's folder: its git checkout is the code's.

@@ -79,9 +79,9 @@ POWER_SCHEMA: dict[str, pl.DataType] = {
 def comparison_families(config: ComparisonConfig) -> dict[str, tuple[tuple[str, str], ...]]:
     """Group the comparisons into families; Holm's correction runs within each (and variant).
 
-    Today there is one family, the pairs of ``analysis.comparisons``. Another question asked of
-    the same episodes (a trained checkpoint against its base model, say) is another family,
-    built here from its own config, so that its tests do not dilute these.
+    The pairs of ``analysis.comparisons`` are one family. Each question checkpoint selection
+    asks of the same episodes (each selected checkpoint against its base model, each against
+    the run's last checkpoint) is a family of its own, so that its tests do not dilute these.
 
     Args:
         config: The comparisons' configuration.
@@ -89,7 +89,7 @@ def comparison_families(config: ComparisonConfig) -> dict[str, tuple[tuple[str, 
     Returns:
         Family name -> its (model a, model b) pairs, in config order.
     """
-    return {"configured": config.comparisons}
+    return {"configured": config.comparisons, **config.checkpoints}
 
 
 _TESTS = ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "hedges_g_ci_high", "power")

@@ -22,6 +22,7 @@ from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
 from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
+from coordgap.analysis.training import read_selection, selection_section
 from coordgap.config import AnalysisConfig, ComparisonConfig, MonitorConfig, cell_episodes
 from coordgap.env.reward import RewardVariant
 
@@ -63,6 +64,8 @@ class ReportInputs:
             of :func:`figure_catalog`.
         timeline: The timeline figure's PNG (its CSV beside it).
         tables: Further statistics tables to link to (CSV), e.g. components and seats.
+        selections: Every training run's ``selection.json``.
+        training_figures: Their training-curve PNGs, in the same order.
     """
 
     summary: Path
@@ -73,6 +76,8 @@ class ReportInputs:
     figures: Sequence[Path]
     timeline: Path
     tables: Sequence[Path] = field(default_factory=tuple)
+    selections: Sequence[Path] = field(default_factory=tuple)
+    training_figures: Sequence[Path] = field(default_factory=tuple)
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -541,6 +546,16 @@ def write_report(
         _rewards_section(summary, monitors, analysis),
         _behaviour_section(summary),
         _comparisons_section(comparisons),
+        *(
+            [
+                selection_section(
+                    [read_selection(path) for path in inputs.selections],
+                    [_link(Path(png), out_md) for png in inputs.training_figures],
+                )
+            ]
+            if inputs.selections
+            else []
+        ),
         _power_section(power),
         _monitors_section(monitors, monitor_config),
         _figures_section(inputs, out_md, analysis.variants),

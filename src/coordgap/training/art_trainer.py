@@ -20,6 +20,7 @@ stops at start, naming what is missing and how to get it (the dry run still plan
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib.util
 import json
@@ -159,10 +160,12 @@ class ArtTrainer:
                 shutil.rmtree(folder)
         self._checkpoints = checkpoints
         self._step = start
+        # ART's backend keeps clients and servers bound to the loop it started them on.
+        self._loop = asyncio.Runner()
 
-    async def start(self) -> None:
+    def start(self) -> None:
         """Register the model: ART starts vLLM and writes checkpoint 0 (B = 0) if it is new."""
-        await self._model.register(self._backend)
+        self._loop.run(self._model.register(self._backend))
 
     def sampler(self) -> OpenAICompatible:
         """The current checkpoint behind ART's vLLM server, as an ``openai`` backend."""
@@ -186,9 +189,11 @@ class ArtTrainer:
             record_transcripts=True,
         )
 
-    async def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
+    def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """One ``backend.train`` call: one new checkpoint."""
-        result = await self._backend.train(self._model, groups, **train_arguments(self.run))
+        result = self._loop.run(
+            self._backend.train(self._model, groups, **train_arguments(self.run))
+        )
         self._step = result.step
         metrics = result.metrics
         return UpdateStats(

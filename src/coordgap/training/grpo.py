@@ -155,7 +155,7 @@ class TorchGRPOTrainer:
             self._loss_config["epsilon_high"] = run.epsilon_high
         self._train_config = art.TrainConfig(learning_rate=run.learning_rate)
 
-    async def start(self) -> None:
+    def start(self) -> None:
         """Nothing to start: the model is in this process."""
 
     def sampler(self) -> LocalChatModel:
@@ -239,10 +239,8 @@ class TorchGRPOTrainer:
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
         return out.index_put((torch.zeros_like(predicts_sampled), predicts_sampled), sampled)
 
-    async def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
+    def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """One GRPO step: one AdamW step per packed row, as ART's LocalBackend takes them.
-
-        It computes on the event loop's thread: nothing else runs during an update.
 
         Args:
             groups: The step's trajectory groups.

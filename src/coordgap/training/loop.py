@@ -44,6 +44,7 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
+from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.config import Trainer
 from coordgap.data import (
@@ -56,6 +57,7 @@ from coordgap.data import (
 from coordgap.env.reward import RewardVariant, reward_expr
 from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy
+from coordgap.preemption import preemptible
 from coordgap.training.trajectories import trajectory_groups
 
 if TYPE_CHECKING:
@@ -73,7 +75,7 @@ logger = logging.getLogger(__name__)
 class StepTrainer(Protocol):
     """What the loop needs of a trainer (``torch`` or ``art``)."""
 
-    async def start(self) -> None:
+    def start(self) -> None:
         """Get ready to sample and train (ART starts its servers)."""
         ...
 
@@ -81,7 +83,7 @@ class StepTrainer(Protocol):
         """The current policy as a chat backend for this step's rollouts."""
         ...
 
-    async def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
+    def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """Train on one step's groups (one new checkpoint's worth)."""
         ...
 
@@ -294,7 +296,7 @@ def _replace(source: Path, dest: Path) -> None:
     os.replace(source, dest)
 
 
-async def train(
+def train(
     run: TrainingRunConfig,
     trainer: StepTrainer,
     work: _WorkDir,
@@ -304,39 +306,43 @@ async def train(
     first_scenario: int,
     progress: bool,
 ) -> None:
-    """Run the steps after the last committed one, committing each (see the module docstring)."""
-    await trainer.start()
-    start = work.step
-    if start is None:
-        work.save_checkpoint(trainer, 0)
-        work.commit(0)
-        start = 0
+    """Run the steps after the last committed one, committing each (see the module docstring).
+
+    SIGTERM and SIGINT abandon the step in progress at once (``coordgap.preemption``), but
+    never a commit, so the rerun continues from the last whole step.
+
+    Raises:
+        Preempted: A signal stopped the run.
+    """
+    trainer.start()
     bar = tqdm(
         total=run.steps,
-        initial=start,
+        initial=work.step or 0,
         desc=run.name,
         unit="step",
         file=sys.stderr,
         disable=not progress,
     )
-    try:
-        for step in range(start, run.steps):
+    with preemptible() as guard:
+        if work.step is None:
+            with guard.deferred():
+                work.save_checkpoint(trainer, 0)
+                work.commit(0)
+        for step in range(work.step, run.steps):
             begin = time.perf_counter()
-            tables = await play_rollouts(
-                trainer.sampler(), run, env, templates, base_seed, first_scenario, step
+            tables = preemption.run(
+                play_rollouts(
+                    trainer.sampler(), run, env, templates, base_seed, first_scenario, step
+                )
             )
             rolled = time.perf_counter()
             # ART's preprocessing shuffles with Python's global generator; dropout (if any)
             # draws from torch's.
             random.seed(derive_seed(run.seed, run.name, "update", step))
             torch.manual_seed(derive_seed(run.seed, run.name, "dropout", step))
-            stats = await trainer.update(
+            stats = trainer.update(
                 trajectory_groups(tables["episodes"], tables["transcripts"], run)
             )
-            for table, frame in tables.items():
-                write_parquet_atomic(
-                    frame, rollout_path(work.outputs.rollouts(work.root), step, table)
-                )
             row = {
                 "run": run.name,
                 "step": step,
@@ -347,9 +353,16 @@ async def train(
                 "seconds_update": stats.seconds,
                 "seconds": time.perf_counter() - begin,
             }
-            write_parquet_atomic(pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step))
-            work.save_checkpoint(trainer, step + 1)
-            work.commit(step + 1)
+            with guard.deferred():
+                for table, frame in tables.items():
+                    write_parquet_atomic(
+                        frame, rollout_path(work.outputs.rollouts(work.root), step, table)
+                    )
+                write_parquet_atomic(
+                    pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step)
+                )
+                work.save_checkpoint(trainer, step + 1)
+                work.commit(step + 1)
             loss = "-" if math.isnan(stats.loss) else f"{stats.loss:.4f}"
             logger.info(
                 "step %d: n=%d reward %.3f, %d rows, loss %s, %.1f s",
@@ -367,8 +380,7 @@ async def train(
                 refresh=False,
             )
             bar.update(1)
-    finally:
-        bar.close()
+    bar.close()
 
 
 def open_trainer(
@@ -402,6 +414,9 @@ def train_run(
 ) -> None:
     """Train a run to its last step (resuming a killed one) and write its outputs.
 
+    Raises:
+        Preempted: A signal stopped the run; its committed steps are kept for the rerun.
+
     Args:
         run: The training run.
         base: The base model's entry.
@@ -428,5 +443,5 @@ def train_run(
     if work.step is not None:
         logger.info("%s: resuming at step %d of %d", run.name, work.step, run.steps)
     trainer = open_trainer(run, base, weights, work)
-    asyncio.run(train(run, trainer, work, env, templates, base_seed, first_scenario, progress))
+    train(run, trainer, work, env, templates, base_seed, first_scenario, progress)
     work.publish()

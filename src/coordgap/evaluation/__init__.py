@@ -1,0 +1,6 @@
+"""Checkpoint evaluation and selection (DESIGN.md §7).
+
+``checkpoints`` plays a checkpoint's episodes (validation scenarios, or the test grid for a
+selected one) through the same runner as every model; ``selection`` turns the training curve
+and the validation episodes into each selection policy's choice.
+"""

@@ -1,0 +1,126 @@
+"""A checkpoint as a model: its adapter on the base model, playing cells like any model.
+
+A checkpoint plays through ``coordgap.agents.runner.generate_cell``, so its episodes are
+resumable and journalled, and written in the episode-table contract with ``checkpoint`` set
+to its step. Validation episodes play the validation scenarios at the run's final training N;
+a selected checkpoint plays the test scenarios at every N, as model ``<run>@<policy>``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from coordgap.agents.runner import generate_cell
+from coordgap.config import ModelSpec
+from coordgap.data import TABLE_SCHEMAS
+from coordgap.evaluation.selection import (
+    SelectionPolicy,
+    estimates,
+    select,
+    step_rewards,
+    write_selection,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+    from coordgap.agents.runner import CellOutputs
+    from coordgap.config import AnalysisConfig, EnvironmentConfig, TrainingRunConfig
+    from coordgap.env.observation import PromptTemplates
+
+
+def step_label(step: int) -> str:
+    """The name of a checkpoint's folder and its ``checkpoint`` column value."""
+    return f"step_{step:04d}"
+
+
+def checkpoint_model(
+    name: str, base: dict[str, Any], checkpoints: Path, step: int
+) -> ModelSpec:
+    """The base model (its ``models:`` entry) with a checkpoint's LoRA adapter, renamed."""
+    return ModelSpec.from_dict(name, {**base, "adapter": str(checkpoints / step_label(step))})
+
+
+def play_checkpoint(
+    name: str,
+    base: dict[str, Any],
+    checkpoints: Path,
+    step: int,
+    n: int,
+    env: EnvironmentConfig,
+    episodes: int,
+    base_seed: int,
+    first_scenario: int,
+    weights: Path,
+    templates: PromptTemplates,
+    outputs: CellOutputs,
+) -> None:
+    """Play one cell with a checkpoint (resuming a killed job) and write its three tables.
+
+    Args:
+        name: The model name the episodes carry: the run (validation) or ``<run>@<policy>``.
+        base: The run's base model's ``models:`` entry.
+        checkpoints: The run's checkpoints folder.
+        step: The checkpoint.
+        n: Number of philosophers.
+        env: The table rules.
+        episodes: Episodes to play.
+        base_seed: The config's seed.
+        first_scenario: Episode ``k`` plays scenario ``first_scenario + k``.
+        weights: The base model's prepared weights.
+        templates: Prompt templates.
+        outputs: Where the tables go.
+    """
+    generate_cell(
+        model=checkpoint_model(name, base, checkpoints, step),
+        n=n,
+        env=env,
+        episodes=episodes,
+        base_seed=base_seed,
+        first_scenario=first_scenario,
+        outputs=outputs,
+        templates=templates,
+        weights=weights,
+        checkpoint=step_label(step),
+    )
+
+
+def chosen_step(choice_json: Path) -> int:
+    """The step a selection policy's own file names."""
+    return int(json.loads(choice_json.read_text())["step"])
+
+
+def select_checkpoints(
+    run: TrainingRunConfig,
+    policies: Sequence[str],
+    rollouts: Sequence[Path],
+    validation: Sequence[Path],
+    config: AnalysisConfig,
+    selection_json: Path,
+    choice_jsons: Mapping[str, Path],
+) -> None:
+    """Estimate every step from its rollouts and validation episodes; apply every policy.
+
+    Args:
+        run: The training run.
+        policies: The selection policies.
+        rollouts: The run's rollout episode tables (one per step).
+        validation: The evaluated checkpoints' validation episode tables.
+        config: Confidence, resamples and seed of the intervals.
+        selection_json: Where the summary goes.
+        choice_jsons: Policy name -> where its own choice goes.
+    """
+    training = estimates(step_rewards(_concat(rollouts), run), config)
+    validated = estimates(step_rewards(_concat(validation), run), config)
+    choices = select([SelectionPolicy(p) for p in policies], run.steps, training, validated)
+    write_selection(choices, run, training, validated, selection_json, choice_jsons)
+
+
+def _concat(paths: Sequence[Path]) -> pl.DataFrame:
+    return pl.concat(
+        [pl.read_parquet(path) for path in paths], how="vertical"
+    ).cast(TABLE_SCHEMAS["episodes"])

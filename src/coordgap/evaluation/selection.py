@@ -1,0 +1,218 @@
+"""Checkpoint selection: which step of a run each policy keeps, and why (DESIGN.md §7).
+
+Every estimate is the mean episode reward under the run's trained variant and weights, with a
+percentile bootstrap interval (the same estimator as the statistics). A step's training
+estimate comes from the rollouts it played (checkpoint ``k`` plays step ``k``'s rollouts; the
+last checkpoint plays none); its validation estimate from the validation episodes it played.
+
+Policies:
+
+* ``last``: the final checkpoint, as the paper kept it;
+* ``best_train``: the highest training estimate (the peak of the training curve);
+* ``best_val``: the highest validation mean;
+* ``lcb_val``: the highest lower bound of the validation interval, which prefers a step that
+  is good on more of its episodes over one that is best by luck.
+
+Ties go to the earlier step. Each choice is recorded with its estimate and the runner-up (the
+best other step under the same criterion), so a reader sees how close the choice was.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from coordgap.analysis.intervals import bootstrap_mean_ci
+from coordgap.env.reward import reward_expr
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+
+    from coordgap.config import AnalysisConfig, TrainingRunConfig
+
+
+class SelectionPolicy(StrEnum):
+    """How a checkpoint is chosen."""
+
+    LAST = "last"
+    BEST_TRAIN = "best_train"
+    BEST_VAL = "best_val"
+    LCB_VAL = "lcb_val"
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A step's mean reward with its interval, over ``episodes`` episodes."""
+
+    step: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    episodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What one policy chose.
+
+    Attributes:
+        policy: The policy.
+        step: The chosen checkpoint.
+        estimate: The estimate the choice rests on (training for ``best_train``, validation
+            otherwise; None when the chosen step has none, e.g. ``last`` without validation).
+        runner_up: The best other step under the same criterion, if any.
+    """
+
+    policy: SelectionPolicy
+    step: int
+    estimate: Estimate | None
+    runner_up: Estimate | None
+
+
+def step_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int, np.ndarray]:
+    """Each step's episode rewards under the run's trained variant and weights.
+
+    Args:
+        episodes: Episode rows whose ``checkpoint`` column names their step (``step_0003``).
+        run: The training run.
+
+    Returns:
+        Step -> rewards of its ``ok`` episodes.
+    """
+    rewarded = episodes.filter(pl.col("status") == "ok").select(
+        pl.col("checkpoint").str.strip_prefix("step_").cast(pl.Int64).alias("step"),
+        reward_expr(run.variant, run.weights),
+    )
+    return {
+        int(step): frame["reward"].to_numpy()
+        for (step,), frame in rewarded.partition_by("step", as_dict=True).items()
+    }
+
+
+def estimates(rewards: Mapping[int, np.ndarray], config: AnalysisConfig) -> dict[int, Estimate]:
+    """A bootstrap estimate per step.
+
+    Args:
+        rewards: Step -> episode rewards.
+        config: Confidence, resamples and seed of the intervals.
+
+    Returns:
+        Step -> estimate, in step order.
+    """
+    result = {}
+    for step in sorted(rewards):
+        mean, low, high = bootstrap_mean_ci(
+            rewards[step], config.confidence, config.bootstrap_resamples, config.seed
+        )
+        result[step] = Estimate(step, mean, low, high, int(rewards[step].size))
+    return result
+
+
+def _best(
+    candidates: Mapping[int, Estimate], key: Callable[[Estimate], float]
+) -> tuple[Estimate, Estimate | None]:
+    """The best estimate by ``key`` (ties: the earlier step) and the best of the others."""
+    ranked = sorted(candidates.values(), key=lambda e: (-key(e), e.step))
+    return ranked[0], ranked[1] if len(ranked) > 1 else None
+
+
+def choose(
+    policy: SelectionPolicy,
+    last: int,
+    training: Mapping[int, Estimate],
+    validation: Mapping[int, Estimate],
+) -> Choice:
+    """Apply one policy.
+
+    Args:
+        policy: The policy.
+        last: The run's final checkpoint.
+        training: Step -> training estimate.
+        validation: Step -> validation estimate (the evaluated checkpoints).
+
+    Returns:
+        The choice.
+
+    Raises:
+        ValueError: The policy needs estimates that are missing.
+    """
+    if policy is SelectionPolicy.LAST:
+        return Choice(policy, last, validation.get(last), None)
+    candidates = training if policy is SelectionPolicy.BEST_TRAIN else validation
+    if not candidates:
+        raise ValueError(f"selection policy {policy} has no estimates to choose from")
+    if policy is SelectionPolicy.LCB_VAL:
+        # A step with a single episode has no interval: its bound counts as its mean.
+        best, runner_up = _best(candidates, lambda e: _bound(e))
+    else:
+        best, runner_up = _best(candidates, lambda e: e.mean)
+    return Choice(policy, best.step, best, runner_up)
+
+
+def _bound(estimate: Estimate) -> float:
+    return estimate.mean if np.isnan(estimate.ci_low) else estimate.ci_low
+
+
+def select(
+    policies: list[SelectionPolicy],
+    last: int,
+    training: Mapping[int, Estimate],
+    validation: Mapping[int, Estimate],
+) -> list[Choice]:
+    """Apply every policy (see ``choose``)."""
+    return [choose(policy, last, training, validation) for policy in policies]
+
+
+def write_selection(
+    choices: list[Choice],
+    run: TrainingRunConfig,
+    training: Mapping[int, Estimate],
+    validation: Mapping[int, Estimate],
+    selection_json: Path,
+    choice_jsons: Mapping[str, Path],
+) -> None:
+    """Write ``selection.json`` (every choice and every estimate) and one file per policy.
+
+    A policy's own file holds only its step, so a test job that depends on it reruns exactly
+    when its choice changes.
+
+    Args:
+        choices: The choices.
+        run: The training run.
+        training: Step -> training estimate.
+        validation: Step -> validation estimate.
+        selection_json: The summary's path.
+        choice_jsons: Policy name -> the path of its own file.
+    """
+    summary: dict[str, Any] = {
+        "run": run.name,
+        "reward": {"variant": str(run.variant), "weights": asdict(run.weights)},
+        "last": run.steps,
+        "choices": {
+            str(c.policy): {
+                "step": c.step,
+                "estimate": _plain(c.estimate),
+                "runner_up": _plain(c.runner_up),
+            }
+            for c in choices
+        },
+        "training": [_plain(e) for e in training.values()],
+        "validation": [_plain(e) for e in validation.values()],
+    }
+    selection_json.write_text(json.dumps(summary, indent=2) + "\n")
+    for choice in choices:
+        choice_jsons[str(choice.policy)].write_text(json.dumps({"step": choice.step}) + "\n")
+
+
+def _plain(estimate: Estimate | None) -> dict[str, Any] | None:
+    """An estimate as JSON values (an undefined bound becomes null, never NaN)."""
+    if estimate is None:
+        return None
+    values = asdict(estimate)
+    return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in values.items()}
