@@ -8,12 +8,14 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 CORES ?= 8
 # llama.cpp's OpenAI-compatible server, for the tests of the openai backend against a real
-# server. It has no wheel here and compiles (~5 min). GGML_NATIVE would enable AMX, which this
-# machine kind advertises but its sandbox forbids (the server then segfaults on its first
-# decode), so the instruction sets are listed; on another CPU, override LLAMA_CMAKE_ARGS.
+# server. It has no wheel here and compiles (~5 min). GGML_NATIVE would enable AMX, which some
+# machines of this kind advertise but their sandbox forbids (the server then segfaults on its
+# first decode), so the instruction sets are listed: those every machine of this kind has
+# (AVX-512 with VNNI and BF16; the AMD ones lack AVX-VNNI, whose kernels AVX512-VNNI covers).
+# On another CPU, override LLAMA_CMAKE_ARGS.
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: all test lint touch clean-results
