@@ -68,6 +68,32 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
+def tiny_training_config(model_dir: Path) -> dict:
+    """The tiny design with SmolLM2 (prepared in ``model_dir``) trained for 2 steps and tested.
+
+    N = 3, 2 rounds, 2 episodes per cell and per validation; one group of 2 episodes per
+    training step: the smallest study that trains, evaluates, selects and tests for real.
+    """
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["environment"]["rounds"] = 2
+    config["experiment"] = {"sizes": [3], "episodes_per_cell": 2}
+    llm = {
+        **default["models"]["smollm2-135m"],
+        "source": str(model_dir),
+        "episodes_per_cell": 2,
+        "max_in_flight": 2,
+    }
+    config["models"] = {"resource_hierarchy": config["models"]["resource_hierarchy"], "llm": llm}
+    run = {**default["training"]["runs"]["smollm2-grpo"], "base_model": "llm"}
+    run.update(steps=2, groups_per_step=1, episodes_per_group=2, n=3, max_in_flight=2)
+    config["training"] = {"runs": {"tiny-grpo": run}}
+    config["evaluation"] = {"every": 1, "episodes": 2, "policies": ["last", "best_val"]}
+    config["analysis"]["comparisons"] = [["llm", "resource_hierarchy"]]
+    config["analysis"]["timeline"] = {"model": "resource_hierarchy", "n": 3, "episode": 0}
+    return config
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     """The tiny workflow config, as a dict to modify."""

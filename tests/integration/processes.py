@@ -1,8 +1,19 @@
-"""Helpers for the servers that integration tests and benchmarks start as subprocesses."""
+"""Helpers for the processes integration tests and benchmarks start: servers, Snakemake runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.conftest import tool_env
+
+if TYPE_CHECKING:
+    import signal
+    from collections.abc import Callable
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -13,3 +24,60 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def signal_when(
+    project: Path,
+    target: str,
+    ready: Callable[[], bool],
+    signum: signal.Signals,
+    cores: int = 1,
+    timeout_s: float = 120,
+) -> tuple[int, float]:
+    """Run Snakemake on ``target``; once ``ready()`` holds, send ``signum`` to its process group.
+
+    The whole group gets it, as Slurm and a terminal send a stop signal (and as a lost node
+    ends everything with SIGKILL).
+
+    Args:
+        project: The workflow copy to run in.
+        target: What to build.
+        ready: Polled every 50 ms; the signal goes once it returns True.
+        signum: The signal.
+        cores: Snakemake's ``--cores``.
+        timeout_s: How long to wait for ``ready``.
+
+    Returns:
+        Snakemake's exit status and the seconds from the signal until every process of the
+        group (Snakemake and its job) had exited.
+    """
+    job = subprocess.Popen(
+        [str(Path(sys.executable).parent / "snakemake"), "--cores", str(cores), target],
+        cwd=project,
+        env=tool_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert job.poll() is None, "the job ended before it could be signalled"
+        assert time.monotonic() < deadline, "the job never got ready to be signalled"
+        time.sleep(0.05)
+    sent = time.monotonic()
+    os.killpg(job.pid, signum)
+    status = job.wait(timeout=60)
+    # The job's process may outlive Snakemake briefly; wait until the group is empty.
+    while group_alive(job.pid):
+        assert time.monotonic() - sent < 60, "a process of the job ignored the signal"
+        time.sleep(0.05)
+    return status, time.monotonic() - sent
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

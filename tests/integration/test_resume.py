@@ -9,23 +9,16 @@ flight, exits non-zero, and leaves Snakemake unlocked for the rerun.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import polars as pl
 import pytest
 import yaml
 
-from tests.conftest import TINY_CONFIG, copy_workflow, run, tool_env
+from tests.conftest import TINY_CONFIG, copy_workflow, run
 from tests.integration.fault_server import FaultServer, hang, ok
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from tests.integration.processes import signal_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,46 +40,6 @@ def _journalled(journal: Path) -> int:
     return len(list(journal.glob("*.episodes.parquet")))
 
 
-def _signal_when(
-    project: Path, target: str, ready: Callable[[], bool], signum: signal.Signals
-) -> tuple[int, float]:
-    """Run Snakemake on ``target``; once ``ready()`` holds, send ``signum`` to its process group.
-
-    Returns:
-        Snakemake's exit status and the seconds from the signal until every process of the
-        group (Snakemake and its job) had exited.
-    """
-    job = subprocess.Popen(
-        [str(Path(sys.executable).parent / "snakemake"), "--cores", "1", target],
-        cwd=project,
-        env=tool_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 120
-    while not ready():
-        assert job.poll() is None, "the job ended before it could be signalled"
-        assert time.monotonic() < deadline, "the job never got ready to be signalled"
-        time.sleep(0.05)
-    sent = time.monotonic()
-    os.killpg(job.pid, signum)
-    status = job.wait(timeout=60)
-    # The job's process may outlive Snakemake briefly; wait until the group is empty.
-    while _group_alive(job.pid):
-        assert time.monotonic() - sent < 60, "a process of the job ignored the signal"
-        time.sleep(0.05)
-    return status, time.monotonic() - sent
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cell played in one go: what every interrupted run must end up with."""
@@ -106,7 +59,7 @@ def _assert_same_tables(resumed: Path, uninterrupted: Path) -> None:
 def test_killed_generation_resumes_to_the_uninterrupted_result(tmp_path, uninterrupted):
     killed = copy_workflow(tmp_path / "killed", _config())
     journal = killed / "results/episodes/random/n6.partial"
-    _signal_when(killed, TARGET, lambda: _journalled(journal) >= 20, signal.SIGKILL)
+    signal_when(killed, TARGET, lambda: _journalled(journal) >= 20, signal.SIGKILL)
     journalled = _journalled(journal)
     assert 20 <= journalled < 300
     assert not (killed / TARGET).exists()
@@ -125,7 +78,7 @@ def test_a_stop_signal_ends_generation_within_seconds_and_the_rerun_matches(
 ):
     stopped = copy_workflow(tmp_path / "stopped", _config())
     journal = stopped / "results/episodes/random/n6.partial"
-    status, seconds = _signal_when(stopped, TARGET, lambda: _journalled(journal) >= 20, signum)
+    status, seconds = signal_when(stopped, TARGET, lambda: _journalled(journal) >= 20, signum)
     assert status != 0
     assert seconds < EXIT_WITHIN_S
     journalled = _journalled(journal)
@@ -178,7 +131,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
         }
         project = copy_workflow(tmp_path / "project", config)
         journal = project / "results/episodes/slow/n3.partial"
-        status, seconds = _signal_when(
+        status, seconds = signal_when(
             project,
             target,
             lambda: _journalled(journal) >= 1 and len(server.requests) > quick,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import polars as pl
 import pytest
 import yaml
 
-from tests.conftest import ROOT, copy_workflow, run
+from tests.conftest import ROOT, copy_workflow, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
 
@@ -46,9 +47,41 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "plot_components": 2,
         "plot_meals_by_seat": 1,
         "plot_timeline": 1,
+        "train_grpo": 1,
+        # Checkpoints 0 to 6 each validated; last and best_val each tested at 3 sizes.
+        "evaluate_checkpoint": 7,
+        "select_checkpoints": 1,
+        "test_checkpoint": 6,
+        "plot_training": 1,
         "write_report": 1,
         "all": 1,
     }, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("steps", "every", "policies", "sizes", "evaluations", "tests"),
+    [
+        (2, 1, ["last", "best_val"], [3], 3, 2),
+        (4, 2, ["last", "best_val", "lcb_val"], [3, 4], 3, 6),
+        (5, 2, ["best_train"], [3], 4, 1),  # 0, 2, 4 and the last, 5
+    ],
+)
+def test_training_dry_run_plans_one_evaluation_per_checkpoint_and_the_tests(
+    tmp_path, steps, every, policies, sizes, evaluations, tests
+):
+    config = tiny_training_config(tmp_path / "weights")
+    config["training"]["runs"]["tiny-grpo"]["steps"] = steps
+    config["evaluation"].update(every=every, policies=policies)
+    config["experiment"]["sizes"] = sizes
+    project = copy_workflow(tmp_path / "project", config)
+    result = run(project, "snakemake", "-n", "--cores", "1", "all")
+    planned = _planned(result.stdout)
+    assert planned["train_grpo"] == 1
+    assert planned["evaluate_checkpoint"] == evaluations
+    assert planned["select_checkpoints"] == 1
+    assert planned["test_checkpoint"] == tests
+    validated = set(re.findall(r"results/eval/tiny-grpo/step_(\d{4})\.parquet", result.stdout))
+    assert len(validated) == evaluations
 
 
 def test_lint_is_clean():
@@ -148,7 +181,35 @@ def _set(config: dict, dotted: str, value) -> dict:
 def test_invalid_config_fails_before_any_job_naming_the_key(
     tmp_path, tiny_config, dotted, value, named
 ):
-    project = copy_workflow(tmp_path / "project", _set(tiny_config, dotted, value))
+    _assert_refused(tmp_path, _set(tiny_config, dotted, value), named)
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        # Validation episodes 0-1 would play test scenarios 1-2.
+        ("scenarios.validation", 1, "'scenarios.test' and 'scenarios.validation'"),
+        ("scenarios.train", 499, "'scenarios.train' and 'scenarios.validation'"),
+        ("training.runs.tiny-grpo.base_model", "nobody", "training.runs.tiny-grpo.base_model"),
+        ("training.runs.tiny-grpo.base_model", "resource_hierarchy", "only local models"),
+        (
+            "training.runs.tiny-grpo.curriculum",
+            [{"from_step": 1, "n": 5}],
+            "training.runs.tiny-grpo.curriculum",
+        ),
+        ("training.runs.tiny-grpo.learning_rate", -1, "['learning_rate']"),
+        ("evaluation.policies", ["best_guess"], "['policies'][0]"),
+        ("analysis.comparisons", [["tiny-grpo@lcb_val", "llm"]], "analysis.comparisons[0][0]"),
+    ],
+)
+def test_invalid_training_config_fails_before_any_job_naming_the_key(
+    tmp_path, dotted, value, named
+):
+    _assert_refused(tmp_path, _set(tiny_training_config(tmp_path / "w"), dotted, value), named)
+
+
+def _assert_refused(tmp_path, config: dict, named: str) -> None:
+    project = copy_workflow(tmp_path / "project", config)
     result = run(project, "snakemake", "--cores", "1", "all", check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0

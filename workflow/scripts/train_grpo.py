@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import torch
+
 from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
@@ -10,6 +12,8 @@ from coordgap.training.loop import RunOutputs, train_run
 with job_log(snakemake.log[0], "train_grpo") as log:
     run = TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run)
     log.info("run %s: %s trainer, %d steps", run.name, run.trainer, run.steps)
+    # Snakemake sets the job's thread variables from the rule's threads; torch reads them.
+    log.info("torch threads: %d", torch.get_num_threads())
     train_run(
         run=run,
         base=ModelSpec.from_dict(run.base_model, snakemake.params.base),

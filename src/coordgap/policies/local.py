@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 
     from coordgap.env.protocols import Tool
     from coordgap.policies.base import BatchSlot
+
+logger = logging.getLogger(__name__)
 
 Decoding = Literal["constrained", "free"]
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -178,6 +181,15 @@ class LocalChatModel:
             # Not merged: the trainer computes log-probs through the unmerged adapter, and
             # merging into bf16 weights would round the update away from what it computes.
             model = PeftModel.from_pretrained(model, adapter)
+        # The job's thread variables (Snakemake sets them from the rule's threads) decide this.
+        logger.info(
+            "%s in %s on %s (adapter: %s), torch threads: %d",
+            path,
+            dtype,
+            device,
+            adapter,
+            torch.get_num_threads(),
+        )
         self._setup(
             model.eval(),
             tokenizer,

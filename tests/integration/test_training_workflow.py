@@ -1,0 +1,175 @@
+"""GRPO training through Snakemake: every step's checkpoint, threads, resume after a kill.
+
+The run is the tiny training design of ``tests.conftest.tiny_training_config``: SmolLM2 trains
+for 2 steps of 2 episodes at N = 3. Resumption is checked the way issue and design ask: a run
+stopped at any moment (SIGKILL, a lost node; SIGTERM, a preemption) and rerun ends with the
+uninterrupted run's history, rollouts and adapters, tensor for tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from coordgap.config import TrainingRunConfig
+from coordgap.training.loop import rollout_rewards
+from tests.conftest import copy_workflow, run, tiny_training_config
+from tests.integration.processes import signal_when
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RUN = "results/train/tiny-grpo"
+TARGET = f"{RUN}/history.parquet"
+JOB_LOG = "logs/train_grpo/tiny-grpo.log"
+# Timing columns differ between any two runs; everything else must not.
+TIMING = ("seconds_rollout", "seconds_update", "seconds")
+EXIT_WITHIN_S = 10.0
+
+
+def _committed(project: Path) -> int:
+    """The last checkpoint the run has committed (-1 before the first)."""
+    state = project / RUN / ".resume" / "state.json"
+    try:
+        return json.loads(state.read_text())["step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -1
+
+
+@pytest.fixture(scope="module")
+def config(smollm2_dir: Path) -> dict:
+    return tiny_training_config(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Path:
+    """The run trained in one go, with two cores: what every interrupted run must match."""
+    clean = copy_workflow(tmp_path_factory.mktemp("clean"), config)
+    result = run(clean, "snakemake", "--cores", "2", TARGET)
+    (clean / "snakemake.out").write_text(result.stdout + result.stderr)
+    return clean
+
+
+def _assert_same_run(resumed: Path, uninterrupted: Path) -> None:
+    history = pl.read_parquet(resumed / TARGET).drop(TIMING)
+    assert history.equals(pl.read_parquet(uninterrupted / TARGET).drop(TIMING))
+    for path in sorted((uninterrupted / RUN / "rollouts").glob("*.parquet")):
+        expected = pl.read_parquet(path).drop("latency_s", strict=False)
+        actual = pl.read_parquet(resumed / RUN / "rollouts" / path.name)
+        assert actual.drop("latency_s", strict=False).equals(expected), path.name
+    for step in range(3):
+        name = f"checkpoints/step_{step:04d}/adapter_model.safetensors"
+        a, b = load_file(resumed / RUN / name), load_file(uninterrupted / RUN / name)
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert not (resumed / RUN / ".resume").exists()
+
+
+def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
+    uninterrupted: Path, config: dict
+) -> None:
+    for step in range(3):
+        folder = uninterrupted / RUN / "checkpoints" / f"step_{step:04d}"
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= {
+            p.name for p in folder.iterdir()
+        }
+    step_0 = load_file(uninterrupted / RUN / "checkpoints/step_0000/adapter_model.safetensors")
+    # The untrained adapter: B = 0, so it acts exactly like the base model.
+    assert all(torch.count_nonzero(v) == 0 for k, v in step_0.items() if "lora_B" in k)
+    history = pl.read_parquet(uninterrupted / TARGET)
+    assert history["step"].to_list() == [0, 1]
+    assert history["n"].to_list() == [3, 3]
+    # The training curve is rebuilt from the rollout tables alone.
+    run_config = TrainingRunConfig.from_dict("tiny-grpo", config["training"]["runs"]["tiny-grpo"])
+    for row in history.iter_rows(named=True):
+        episodes = pl.read_parquet(uninterrupted / RUN / f"rollouts/step_{row['step']:04d}.parquet")
+        rebuilt = rollout_rewards(episodes, run_config)
+        assert rebuilt["reward_mean"] == pytest.approx(row["reward_mean"])
+        assert rebuilt["episodes"] == row["episodes"] == 2
+    # Snakemake gave the job two threads, and torch used exactly those.
+    output = (uninterrupted / "snakemake.out").read_text()
+    assert re.search(r"rule train_grpo:.*?threads: 2", output, flags=re.DOTALL)
+    assert "torch threads: 2" in (uninterrupted / JOB_LOG).read_text()
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result(
+    tmp_path: Path, config: dict, uninterrupted: Path
+) -> None:
+    killed = copy_workflow(tmp_path / "killed", config)
+    signal_when(
+        killed, TARGET, lambda: _committed(killed) >= 1, signal.SIGKILL, cores=2, timeout_s=600
+    )
+    assert 1 <= _committed(killed) < 2
+    assert not (killed / TARGET).exists()
+    # A SIGKILLed Snakemake leaves its lock behind; --unlock is the documented way back.
+    run(killed, "snakemake", "--unlock")
+    run(killed, "snakemake", "--cores", "2", TARGET)
+    assert "resuming at step 1 of 2" in (killed / JOB_LOG).read_text()
+    _assert_same_run(killed, uninterrupted)
+
+
+def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
+    tmp_path: Path, config: dict, uninterrupted: Path
+) -> None:
+    stopped = copy_workflow(tmp_path / "stopped", config)
+    rollouts = stopped / RUN / ".resume" / "rollouts"
+
+    # Mid-step: step 0 is committed and step 1 is under way (its rollouts not yet written).
+    def mid_step() -> bool:
+        return _committed(stopped) == 1 and not list(rollouts.glob("step_0001*"))
+
+    status, seconds = signal_when(
+        stopped, TARGET, mid_step, signal.SIGTERM, cores=2, timeout_s=600
+    )
+    assert status != 0
+    assert seconds < EXIT_WITHIN_S
+    assert _committed(stopped) == 1
+    log = (stopped / JOB_LOG).read_text()
+    assert "stopped by SIGTERM" in log
+    assert "Traceback" not in log
+    run(stopped, "snakemake", "--cores", "2", TARGET)
+    _assert_same_run(stopped, uninterrupted)
+
+
+def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Path) -> None:
+    run(uninterrupted, "snakemake", "--cores", "2", "all")
+    results = uninterrupted / "results"
+    # Every checkpoint played its validation episodes, each in one file.
+    assert sorted(p.name for p in (results / "eval/tiny-grpo").glob("step_????.parquet")) == [
+        "step_0000.parquet",
+        "step_0001.parquet",
+        "step_0002.parquet",
+    ]
+    selection = json.loads((results / "eval/tiny-grpo/selection.json").read_text())
+    assert selection["choices"]["last"]["step"] == 2
+    chosen = selection["choices"]["best_val"]["step"]
+    tested = pl.read_parquet(results / "test/tiny-grpo@best_val/n3.parquet")
+    assert tested["model"].unique().to_list() == ["tiny-grpo@best_val"]
+    assert tested["checkpoint"].unique().to_list() == [f"step_{chosen:04d}"]
+    # The test grid plays the base model's scenarios, which no training or validation saw.
+    base = pl.read_parquet(results / "episodes/llm/n3.parquet")
+    assert tested["scenario"].to_list() == base["scenario"].to_list()
+    seen = {*pl.read_parquet(results / "eval/tiny-grpo/step_0000.parquet")["scenario"]}
+    for path in (results / "train/tiny-grpo/rollouts").glob("step_????.parquet"):
+        seen |= {*pl.read_parquet(path)["scenario"]}
+    assert not seen & {*base["scenario"]}
+    comparisons = pl.read_csv(results / "stats/comparisons.csv")
+    families = set(comparisons["family"])
+    assert {"tiny-grpo: selected vs base", "tiny-grpo: selected vs last"} <= families
+    pairs = comparisons.filter(pl.col("family") == "tiny-grpo: selected vs base")
+    assert set(pairs["model_a"]) == {"tiny-grpo@last", "tiny-grpo@best_val"}
+    assert set(pairs["model_b"]) == {"llm"}
+    report = (results / "report.md").read_text()
+    assert "## Training and checkpoint selection" in report
+    assert "training_tiny-grpo.png" in report
+    assert "tiny-grpo@best_val" in report
+    assert (results / "figures/training_tiny-grpo.csv").exists()
