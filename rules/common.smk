@@ -35,6 +35,12 @@ CONDA_ENV = "../workflow/envs/coordgap.yaml"
 # The src/ modules behind the statistics tables, every figure, and the episode timeline.
 STATS_CODE = ("analysis/stats.py", "analysis/intervals.py", "env/reward.py")
 FIGURE_CODE = (*STATS_CODE, "analysis/figures.py", "analysis/style.py")
+SELECTION_CODE = [
+    *(str(p) for p in sorted((SRC / "evaluation").glob("*.py"))),
+    str(SRC / "analysis" / "intervals.py"),
+    str(SRC / "env" / "reward.py"),
+    str(SRC / "config.py"),
+]
 TIMELINE_CODE = (
     *STATS_CODE,
     "analysis/timeline.py",
@@ -60,7 +66,8 @@ localrules:
     models,
     train,
     evaluate,
-    select_checkpoints,
+    select_checkpoint,
+    summarize_selection,
     write_model_manifest,
     compute_power,
     plot_reward,

@@ -42,29 +42,47 @@ rule evaluate_checkpoint:
         "../workflow/scripts/evaluate_checkpoint.py"
 
 
-rule select_checkpoints:
+rule select_checkpoint:
     input:
         rollouts="results/train/{run}/rollouts",
         validation=validation_tables,
-        code=src_files("evaluation", "analysis/intervals.py", "env/reward.py", "config.py"),
+        code=SELECTION_CODE,
     output:
-        selection="results/eval/{run}/selection.json",
-        # One file per policy, holding only its step: a test job reruns exactly when its
-        # own choice changes (reference/checkpoint-dag.md, design C+).
-        choices=expand("results/eval/{{run}}/select/{policy}.json", policy=POLICIES),
+        # One job and file per policy, holding its choice: adding a policy runs only its own
+        # selection and tests, and a test reruns only when its policy's inputs change.
+        "results/eval/{run}/select/{policy}.json",
     params:
         run=run_entry,
-        policies=POLICIES,
-        reward=lookup(dpath="reward", within=config),
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
     log:
-        "logs/select_checkpoints/{run}.log",
+        "logs/select_checkpoint/{run}/{policy}.log",
     benchmark:
-        "logs/select_checkpoints/{run}.benchmark.tsv"
+        "logs/select_checkpoint/{run}/{policy}.benchmark.tsv"
     conda:
         CONDA_ENV
     script:
-        "../workflow/scripts/select_checkpoints.py"
+        "../workflow/scripts/select_checkpoint.py"
+
+
+rule summarize_selection:
+    input:
+        rollouts="results/train/{run}/rollouts",
+        validation=validation_tables,
+        code=SELECTION_CODE,
+    output:
+        "results/eval/{run}/selection.json",
+    params:
+        run=run_entry,
+        policies=POLICIES,
+        analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
+    log:
+        "logs/summarize_selection/{run}.log",
+    benchmark:
+        "logs/summarize_selection/{run}.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/summarize_selection.py"
 
 
 rule test_checkpoint:

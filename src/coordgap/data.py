@@ -57,6 +57,7 @@ TRANSCRIPT_SCHEMA: dict[str, pl.DataType] = {
     "completion": pl.String(),
     "token_ids": pl.List(pl.Int64()),
     "logprobs": pl.List(pl.Float64()),
+    "tools": pl.String(),  # JSON list of function schemas the server rendered, or null
 }
 
 STEP_SCHEMA: dict[str, pl.DataType] = {

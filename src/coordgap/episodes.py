@@ -123,6 +123,9 @@ class EpisodeRecorder:
                     "completion": decision.transcript.completion,
                     "token_ids": list(decision.transcript.token_ids),
                     "logprobs": list(decision.transcript.logprobs),
+                    "tools": None
+                    if decision.transcript.tools is None
+                    else json.dumps(list(decision.transcript.tools)),
                 }
             )
         if self.env.history:

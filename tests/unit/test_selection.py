@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,9 +9,9 @@ import polars as pl
 import pytest
 import yaml
 
-from coordgap.config import AnalysisConfig, TrainingRunConfig
+from coordgap.config import TrainingRunConfig
 from coordgap.data import EPISODE_SCHEMA
-from coordgap.evaluation.checkpoints import select_checkpoints
+from coordgap.evaluation.checkpoints import selection
 from coordgap.evaluation.selection import (
     Estimate,
     SelectionPolicy,
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 RUN = TrainingRunConfig.from_dict("run", {**CONFIG["training"]["runs"]["smollm2-grpo"], "steps": 4})
-INTERVALS = AnalysisConfig.from_dict(CONFIG["reward"], CONFIG["analysis"])
+INTERVALS = {key: CONFIG["analysis"][key] for key in ("confidence", "bootstrap_resamples", "seed")}
 
 
 def est(step: int, mean: float, low: float, high: float) -> Estimate:
@@ -121,30 +120,28 @@ def test_step_rewards_use_the_trained_variant_and_estimates_bootstrap() -> None:
     # Paper reward: 1.0 r_nd + 0.5 r_thru.
     np.testing.assert_allclose(rewards[0], [0.0, 1.0])
     np.testing.assert_allclose(rewards[3], [1.5, 1.5])
-    found = estimates(rewards, INTERVALS)
+    found = estimates(rewards, *INTERVALS.values())
     assert (found[3].mean, found[3].ci_low, found[3].ci_high) == (1.5, 1.5, 1.5)
     assert found[0].ci_low < 0.5 < found[0].ci_high
 
 
-def test_select_checkpoints_writes_the_summary_and_one_file_per_policy(tmp_path: Path) -> None:
+def test_selection_from_episode_tables_has_every_choice_and_estimate(tmp_path: Path) -> None:
     rollouts = _episodes({0: [(True, 0)] * 3, 1: [(False, 4)] * 3, 2: [(False, 2)] * 3,
                           3: [(True, 0)] * 3})  # fmt: skip
     validation = _episodes({0: [(True, 0)] * 4, 2: [(False, 6)] * 4, 4: [(False, 4)] * 4})
-    rollout_paths, validation_paths = [], []
-    for step, frame in rollouts.partition_by("checkpoint", as_dict=True).items():
-        rollout_paths.append(tmp_path / f"train_{step[0]}.parquet")
-        frame.write_parquet(rollout_paths[-1])
-    for step, frame in validation.partition_by("checkpoint", as_dict=True).items():
-        validation_paths.append(tmp_path / f"val_{step[0]}.parquet")
-        frame.write_parquet(validation_paths[-1])
-    choices = {p: tmp_path / f"{p}.json" for p in ("last", "best_train", "best_val", "lcb_val")}
-    select_checkpoints(
-        RUN, list(choices), rollout_paths, validation_paths, INTERVALS, tmp_path / "s.json", choices
-    )
-    summary = json.loads((tmp_path / "s.json").read_text())
-    steps = {policy: choice["step"] for policy, choice in summary["choices"].items()}
+    paths = {}
+    for name, frame in (("train", rollouts), ("val", validation)):
+        paths[name] = []
+        for (step,), part in frame.partition_by("checkpoint", as_dict=True).items():
+            paths[name].append(tmp_path / f"{name}_{step}.parquet")
+            part.write_parquet(paths[name][-1])
+    policies = ["last", "best_train", "best_val", "lcb_val"]
+    found = selection(RUN, policies, paths["train"], paths["val"], INTERVALS)
+    steps = {policy: choice["step"] for policy, choice in found["choices"].items()}
     assert steps == {"last": 4, "best_train": 1, "best_val": 2, "lcb_val": 2}
-    assert summary["choices"]["best_val"]["runner_up"]["step"] == 4
-    assert [e["step"] for e in summary["validation"]] == [0, 2, 4]
-    for policy, path in choices.items():
-        assert json.loads(path.read_text()) == {"step": steps[policy]}
+    assert found["choices"]["best_val"]["runner_up"]["step"] == 4
+    assert [e["step"] for e in found["training"]] == [0, 1, 2, 3]
+    assert [e["step"] for e in found["validation"]] == [0, 2, 4]
+    # One policy alone chooses what it chooses among all.
+    alone = selection(RUN, ["lcb_val"], paths["train"], paths["val"], INTERVALS)
+    assert alone["choices"] == {"lcb_val": found["choices"]["lcb_val"]}

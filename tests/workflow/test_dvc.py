@@ -1,4 +1,4 @@
-"""DVC over Snakemake: a real repo in a temporary folder, repro, no-op, and a reward change."""
+"""DVC over Snakemake: real repos in temporary folders; what each config change reruns."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import copy_workflow, run
+from tests.conftest import copy_workflow, run, tiny_training_config
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
 
+def _jobs(output: str, rule: str) -> int:
+    """How many jobs of ``rule`` a Snakemake run reported starting."""
+    return len(re.findall(rf"^(local)?rule {rule}:", output, flags=re.MULTILINE))
+
+
 def _episode_jobs(output: str) -> int:
     """How many generate_episodes jobs a Snakemake run reported starting."""
-    return len(re.findall(r"^rule generate_episodes:", output, flags=re.MULTILINE))
+    return _jobs(output, "generate_episodes")
 
 
 def _git(repo, *args: str) -> None:
@@ -27,10 +32,9 @@ def _git(repo, *args: str) -> None:
     )
 
 
-@pytest.fixture
-def dvc_repo(tmp_path, tiny_config):
-    """A git + DVC repository holding the workflow with the tiny design, committed."""
-    repo = copy_workflow(tmp_path / "repo", tiny_config)
+def _repo(path, config: dict):
+    """A git + DVC repository holding the workflow with ``config``, committed."""
+    repo = copy_workflow(path, config)
     (repo / ".gitignore").write_text(".snakemake/\nlogs/\n")
     _git(repo, "init", "-q")
     run(repo, "dvc", "init", "-q")
@@ -38,6 +42,20 @@ def dvc_repo(tmp_path, tiny_config):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "workflow")
     return repo
+
+
+@pytest.fixture
+def dvc_repo(tmp_path, tiny_config):
+    """A git + DVC repository holding the workflow with the tiny design, committed."""
+    return _repo(tmp_path / "repo", tiny_config)
+
+
+def _edit(repo, change) -> None:
+    """Apply ``change`` to the repo's config/config.yaml."""
+    path = repo / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    change(config)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo):
@@ -65,3 +83,40 @@ def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo
     assert _episode_jobs(third.stdout + third.stderr) == 0
     assert {path: path.stat().st_mtime_ns for path in episodes} == mtimes
     assert (dvc_repo / "results" / "report.md").read_text() != report_before
+
+
+def test_selection_and_learning_rate_changes_rerun_exactly_what_depends_on_them(
+    tmp_path, smollm2_dir
+):
+    repo = _repo(tmp_path / "repo", tiny_training_config(smollm2_dir))
+    first = run(repo, "dvc", "repro")
+    for stage in ("models", "episodes", "train", "evaluate", "analysis"):
+        assert f"Running stage '{stage}'" in first.stdout, first.stdout
+    episodes = sorted((repo / "results" / "episodes").rglob("*.parquet"))
+    validation = sorted((repo / "results" / "eval").rglob("step_*.parquet"))
+    mtimes = {path: path.stat().st_mtime_ns for path in episodes + validation}
+
+    # Another selection policy: selection and the new policy's tests, no checkpoint replayed.
+    _edit(repo, lambda c: c["evaluation"]["policies"].append("lcb_val"))
+    reselected = run(repo, "dvc", "repro")
+    output = reselected.stdout + reselected.stderr
+    assert "Stage 'train' didn't change" in output, output
+    assert "Running stage 'evaluate'" in output, output
+    assert _jobs(output, "train_grpo") == _jobs(output, "evaluate_checkpoint") == 0
+    assert _jobs(output, "select_checkpoint") == 1  # lcb_val's own; the others are kept
+    assert _jobs(output, "test_checkpoint") == 1  # lcb_val at the one size
+    assert {path: path.stat().st_mtime_ns for path in mtimes} == mtimes
+
+    # A learning-rate change retrains and reruns what follows, never an untrained model's cell.
+    _edit(repo, lambda c: c["training"]["runs"]["tiny-grpo"].update(learning_rate=1e-4))
+    retrained = run(repo, "dvc", "repro")
+    output = retrained.stdout + retrained.stderr
+    assert "Stage 'episodes' didn't change" in output, output
+    for stage in ("train", "evaluate", "analysis"):
+        assert f"Running stage '{stage}'" in output, output
+    assert _jobs(output, "train_grpo") == 1
+    assert _jobs(output, "evaluate_checkpoint") == 3
+    assert _episode_jobs(output) == 0
+    assert {path: path.stat().st_mtime_ns for path in episodes} == {
+        path: mtimes[path] for path in episodes
+    }

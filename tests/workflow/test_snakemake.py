@@ -50,7 +50,8 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "train_grpo": 1,
         # Checkpoints 0 to 6 each validated; last and best_val each tested at 3 sizes.
         "evaluate_checkpoint": 7,
-        "select_checkpoints": 1,
+        "select_checkpoint": 2,
+        "summarize_selection": 1,
         "test_checkpoint": 6,
         "plot_training": 1,
         "write_report": 1,
@@ -78,7 +79,8 @@ def test_training_dry_run_plans_one_evaluation_per_checkpoint_and_the_tests(
     planned = _planned(result.stdout)
     assert planned["train_grpo"] == 1
     assert planned["evaluate_checkpoint"] == evaluations
-    assert planned["select_checkpoints"] == 1
+    assert planned["select_checkpoint"] == len(policies)
+    assert planned["summarize_selection"] == 1
     assert planned["test_checkpoint"] == tests
     validated = set(re.findall(r"results/eval/tiny-grpo/step_(\d{4})\.parquet", result.stdout))
     assert len(validated) == evaluations

@@ -21,7 +21,7 @@ from coordgap.evaluation.selection import (
     estimates,
     select,
     step_rewards,
-    write_selection,
+    summary,
 )
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from coordgap.agents.runner import CellOutputs
-    from coordgap.config import AnalysisConfig, EnvironmentConfig, TrainingRunConfig
+    from coordgap.config import EnvironmentConfig, TrainingRunConfig
     from coordgap.env.observation import PromptTemplates
 
 
@@ -94,30 +94,36 @@ def chosen_step(choice_json: Path) -> int:
     return int(json.loads(choice_json.read_text())["step"])
 
 
-def select_checkpoints(
+def selection(
     run: TrainingRunConfig,
     policies: Sequence[str],
     rollouts: Sequence[Path],
     validation: Sequence[Path],
-    config: AnalysisConfig,
-    selection_json: Path,
-    choice_jsons: Mapping[str, Path],
-) -> None:
-    """Estimate every step from its rollouts and validation episodes; apply every policy.
+    intervals: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Estimate every step from its rollouts and validation episodes; apply the policies.
 
     Args:
         run: The training run.
         policies: The selection policies.
         rollouts: The run's rollout episode tables (one per step).
         validation: The evaluated checkpoints' validation episode tables.
-        config: Confidence, resamples and seed of the intervals.
-        selection_json: Where the summary goes.
-        choice_jsons: Policy name -> where its own choice goes.
+        intervals: ``confidence``, ``bootstrap_resamples`` and ``seed`` of the intervals
+            (the ``analysis:`` settings the statistics use).
+
+    Returns:
+        The selection (``coordgap.evaluation.selection.summary``).
     """
-    training = estimates(step_rewards(_concat(rollouts), run), config)
-    validated = estimates(step_rewards(_concat(validation), run), config)
+    settings = (intervals["confidence"], intervals["bootstrap_resamples"], intervals["seed"])
+    training = estimates(step_rewards(_concat(rollouts), run), *settings)
+    validated = estimates(step_rewards(_concat(validation), run), *settings)
     choices = select([SelectionPolicy(p) for p in policies], run.steps, training, validated)
-    write_selection(choices, run, training, validated, selection_json, choice_jsons)
+    return summary(choices, run, training, validated)
+
+
+def write_json(value: Any, path: Path) -> None:
+    """Write ``value`` as indented JSON."""
+    path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def _concat(paths: Sequence[Path]) -> pl.DataFrame:

@@ -19,7 +19,6 @@ best other step under the same criterion), so a reader sees how close the choice
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -32,9 +31,8 @@ from coordgap.env.reward import reward_expr
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from pathlib import Path
 
-    from coordgap.config import AnalysisConfig, TrainingRunConfig
+    from coordgap.config import TrainingRunConfig
 
 
 class SelectionPolicy(StrEnum):
@@ -95,21 +93,23 @@ def step_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int, np
     }
 
 
-def estimates(rewards: Mapping[int, np.ndarray], config: AnalysisConfig) -> dict[int, Estimate]:
-    """A bootstrap estimate per step.
+def estimates(
+    rewards: Mapping[int, np.ndarray], confidence: float, resamples: int, seed: int
+) -> dict[int, Estimate]:
+    """A bootstrap estimate per step (the statistics' estimator, ``analysis:`` settings).
 
     Args:
         rewards: Step -> episode rewards.
-        config: Confidence, resamples and seed of the intervals.
+        confidence: Coverage of the intervals.
+        resamples: Bootstrap resamples.
+        seed: Seed of the resampling.
 
     Returns:
         Step -> estimate, in step order.
     """
     result = {}
     for step in sorted(rewards):
-        mean, low, high = bootstrap_mean_ci(
-            rewards[step], config.confidence, config.bootstrap_resamples, config.seed
-        )
+        mean, low, high = bootstrap_mean_ci(rewards[step], confidence, resamples, seed)
         result[step] = Estimate(step, mean, low, high, int(rewards[step].size))
     return result
 
@@ -169,28 +169,25 @@ def select(
     return [choose(policy, last, training, validation) for policy in policies]
 
 
-def write_selection(
+def summary(
     choices: list[Choice],
     run: TrainingRunConfig,
     training: Mapping[int, Estimate],
     validation: Mapping[int, Estimate],
-    selection_json: Path,
-    choice_jsons: Mapping[str, Path],
-) -> None:
-    """Write ``selection.json`` (every choice and every estimate) and one file per policy.
-
-    A policy's own file holds only its step, so a test job that depends on it reruns exactly
-    when its choice changes.
+) -> dict[str, Any]:
+    """Every choice and every estimate of a run, as JSON values (``selection.json``).
 
     Args:
         choices: The choices.
         run: The training run.
         training: Step -> training estimate.
         validation: Step -> validation estimate.
-        selection_json: The summary's path.
-        choice_jsons: Policy name -> the path of its own file.
+
+    Returns:
+        ``run``, ``reward``, ``last``, ``choices`` (policy -> step, estimate, runner-up),
+        ``training`` and ``validation`` (every step's estimate).
     """
-    summary: dict[str, Any] = {
+    return {
         "run": run.name,
         "reward": {"variant": str(run.variant), "weights": asdict(run.weights)},
         "last": run.steps,
@@ -205,9 +202,6 @@ def write_selection(
         "training": [_plain(e) for e in training.values()],
         "validation": [_plain(e) for e in validation.values()],
     }
-    selection_json.write_text(json.dumps(summary, indent=2) + "\n")
-    for choice in choices:
-        choice_jsons[str(choice.policy)].write_text(json.dumps({"step": choice.step}) + "\n")
 
 
 def _plain(estimate: Estimate | None) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence
@@ -51,12 +51,15 @@ class Transcript:
         completion: The text of the sampled continuation (the chosen tool call).
         token_ids: The sampled continuation's token ids.
         logprobs: The log-probability of each sampled token under the sampling policy.
+        tools: The OpenAI function schemas sent with the messages, which the server rendered
+            into the prompt; None when the tools are described in the messages themselves.
     """
 
     messages: tuple[dict[str, str], ...]
     completion: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

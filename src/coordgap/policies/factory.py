@@ -62,7 +62,8 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
         **{
             field.name: entry[field.name]
             for field in dataclasses.fields(OpenAICompatible)
-            if field.init
+            # Settings a config entry has no key for (a trainer's) keep their defaults.
+            if field.init and field.name in entry
         }
     )
 

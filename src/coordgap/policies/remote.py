@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.messages import convert_to_messages
 from pydantic import SecretStr
 
-from coordgap.policies.base import Decision, NoCallReason
+from coordgap.policies.base import Decision, NoCallReason, Transcript
 from coordgap.policies.parsing import parse_ai_message
 from coordgap.policies.replies import (
     EndpointAuthError,
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 # Sent to keyless local servers. Passing nothing would make the OpenAI client fall back to
 # OPENAI_API_KEY from the environment and send a real key to a server that needs none.
 KEYLESS_PLACEHOLDER = "not-needed"
+# How vLLM names a sampled token with --return-tokens-as-token-ids.
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
 # tool_choice values passed through as they are; anything else names the one tool to call.
 _TOOL_CHOICE_MODES = frozenset({"auto", "required", "none"})
 
@@ -100,6 +103,9 @@ class OpenAICompatible:
         max_retries: Attempts after the first for timeouts, 408, 429, 5xx and lost connections.
         backoff_base_s: The first retry waits up to this long; the bound doubles per retry.
         backoff_max_s: The longest wait between attempts, also the cap on a Retry-After.
+        record_transcripts: Ask for the sampled tokens' log-probs and record each call's
+            transcript for GRPO (provider openai; a server that names tokens by id, as vLLM
+            does with ``--return-tokens-as-token-ids``, which ART's server sets).
         stats: Running counts of calls, retries and transport errors.
 
     Raises:
@@ -121,6 +127,7 @@ class OpenAICompatible:
     max_retries: int = 4
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    record_transcripts: bool = False
     stats: BackendStats = field(default_factory=BackendStats, init=False)
     _api_key: SecretStr | None = field(init=False, repr=False)
     _chat_model: BaseChatModel = field(init=False, repr=False)
@@ -223,6 +230,9 @@ class OpenAICompatible:
                 tokens_in=usage.get("input_tokens", 0),
                 tokens_out=usage.get("output_tokens", 0),
                 latency_s=time.perf_counter() - start,
+                transcript=_transcript(messages, tools, reply)
+                if self.record_transcripts
+                else None,
             )
 
     @property
@@ -246,6 +256,7 @@ class OpenAICompatible:
 
             return ChatOpenAI(
                 model=self.model,
+                logprobs=self.record_transcripts or None,
                 api_key=self._api_key or SecretStr(KEYLESS_PLACEHOLDER),
                 extra_body=dict(self.extra_body) or None,
                 # Our own HTTP client: ChatOpenAI's default is shared by every instance with the
@@ -314,3 +325,25 @@ def _render(reply: AIMessage) -> str:
     calls = [{"name": c["name"], "arguments": json.dumps(c["args"])} for c in reply.tool_calls]
     calls += [{"name": c["name"], "arguments": c["args"]} for c in reply.invalid_tool_calls]
     return "\n".join(part for part in (reply.text, json.dumps(calls) if calls else "") if part)
+
+
+def _transcript(
+    messages: list[dict[str, str]], tools: Sequence[Tool], reply: AIMessage
+) -> Transcript | None:
+    """The call as GRPO needs it, or None when the reply names its tokens other than by id.
+
+    A trainer needs the sampled token ids; vLLM gives them as ``token_id:<id>`` strings when
+    serving with ``--return-tokens-as-token-ids`` (as ART's server does).
+    """
+    content = (reply.response_metadata.get("logprobs") or {}).get("content") or []
+    ids = [_TOKEN_ID.fullmatch(entry["token"]) for entry in content]
+    if not ids or not all(ids):
+        logger.warning("a reply without token ids in its log-probs: no transcript recorded")
+        return None
+    return Transcript(
+        messages=tuple(messages),
+        completion=_render(reply),
+        token_ids=tuple(int(match.group(1)) for match in ids),
+        logprobs=tuple(float(entry["logprob"]) for entry in content),
+        tools=tuple(tool_schema(tool) for tool in tools),
+    )

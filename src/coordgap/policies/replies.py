@@ -171,8 +171,10 @@ def canonical_completion(status: int, body: bytes) -> bytes:
     """Check that ``body`` is a chat completion; return a copy with only the fields we read.
 
     The copy has the first choice's message (role, content, tool calls with their id, name and
-    arguments) and the token counts. Whatever else the reply held (more choices, log-probs,
-    reasoning text, vendor fields) is left out: the backend uses none of it.
+    arguments), its sampled tokens' log-probs when they are well formed (a trainer reads them;
+    malformed ones are left out rather than failing the decision), and the token counts.
+    Whatever else the reply held (more choices, reasoning text, vendor fields) is left out:
+    the backend uses none of it.
 
     Args:
         status: The reply's HTTP status, for the error's label.
@@ -214,10 +216,10 @@ def canonical_completion(status: int, body: bytes) -> bytes:
         if not isinstance(calls, list):
             raise MalformedReply(status, "tool_calls is not a list")
         canonical["tool_calls"] = [_canonical_call(status, call) for call in calls]
-    completion: dict[str, Any] = {
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": canonical, "finish_reason": None}],
-    }
+    choice: dict[str, Any] = {"index": 0, "message": canonical, "finish_reason": None}
+    if (logprobs := _canonical_logprobs(choices[0].get("logprobs"))) is not None:
+        choice["logprobs"] = logprobs
+    completion: dict[str, Any] = {"object": "chat.completion", "choices": [choice]}
     usage = reply.get("usage")
     if usage is not None:
         completion["usage"] = _canonical_usage(status, usage)
@@ -246,6 +248,21 @@ def _canonical_call(status: int, call: object) -> dict[str, Any]:
         "type": "function",
         "function": {"name": function["name"], "arguments": function.get("arguments")},
     }
+
+
+def _canonical_logprobs(logprobs: object) -> dict[str, Any] | None:
+    """The sampled tokens and their log-probs, or None unless every entry is well formed."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    tokens = []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        logprob = entry.get("logprob") if isinstance(entry, dict) else None
+        if not _is_text(token, nullable=False) or type(logprob) not in (int, float):
+            return None
+        tokens.append({"token": token, "logprob": logprob, "bytes": None, "top_logprobs": []})
+    return {"content": tokens}
 
 
 def _canonical_usage(status: int, usage: object) -> dict[str, int]:

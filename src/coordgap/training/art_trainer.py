@@ -184,8 +184,6 @@ class ArtTrainer:
             max_retries=3,
             backoff_base_s=1.0,
             backoff_max_s=30.0,
-            max_in_flight=self.run.max_in_flight,
-            episodes_per_cell=None,
             record_transcripts=True,
         )
 

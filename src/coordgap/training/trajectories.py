@@ -63,8 +63,8 @@ def philosopher_trajectory(
     """One philosopher's trajectory in one episode.
 
     Args:
-        calls: The philosopher's transcript rows in round order (``messages`` as JSON,
-            ``completion``, ``token_ids``, ``logprobs``; DESIGN.md §5).
+        calls: The philosopher's transcript rows in round order (``messages`` and ``tools``
+            as JSON, ``completion``, ``token_ids``, ``logprobs``; DESIGN.md §5).
         reward: The episode's reward.
         metadata: Scalars identifying the trajectory (episode, seat, ...).
 
@@ -77,12 +77,17 @@ def philosopher_trajectory(
             messages_and_choices=[
                 *json.loads(call["messages"]),
                 sampled_choice(call["completion"], call["token_ids"], call["logprobs"]),
-            ]
+            ],
+            # A served model's prompt had the tools rendered in by its chat template; ART's
+            # tokenizer must render the same ones.
+            tools=json.loads(call["tools"]) if call.get("tools") else None,
         )
         for call in calls
     ]
     return art.Trajectory(
+        # ART tokenizes the main history from these two fields, the others from their own.
         messages_and_choices=histories[0].messages_and_choices,
+        tools=histories[0].tools,
         additional_histories=histories[1:],
         reward=reward,
         metadata=metadata,

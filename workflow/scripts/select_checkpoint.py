@@ -1,0 +1,20 @@
+"""Adapter of rule select_checkpoint: the checkpoint one selection policy keeps of one run."""
+
+from pathlib import Path
+
+from coordgap.config import TrainingRunConfig
+from coordgap.evaluation.checkpoints import selection, write_json
+from coordgap.logs import job_log
+
+with job_log(snakemake.log[0], "select_checkpoint") as log:
+    run = TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run)
+    policy = snakemake.wildcards.policy
+    chosen = selection(
+        run=run,
+        policies=[policy],
+        rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
+        validation=[Path(path) for path in snakemake.input.validation],
+        intervals=snakemake.params.analysis,
+    )["choices"][policy]
+    write_json(chosen, Path(snakemake.output[0]))
+    log.info("run %s, %s: step %d", run.name, policy, chosen["step"])

@@ -1,0 +1,19 @@
+"""Adapter of rule summarize_selection: every policy's choice and every step's estimates."""
+
+from pathlib import Path
+
+from coordgap.config import TrainingRunConfig
+from coordgap.evaluation.checkpoints import selection, write_json
+from coordgap.logs import job_log
+
+with job_log(snakemake.log[0], "summarize_selection"):
+    write_json(
+        selection(
+            run=TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run),
+            policies=snakemake.params.policies,
+            rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
+            validation=[Path(path) for path in snakemake.input.validation],
+            intervals=snakemake.params.analysis,
+        ),
+        Path(snakemake.output[0]),
+    )
