@@ -10,7 +10,12 @@ from snakemake.utils import min_version
 min_version("9.19")
 
 
-configfile: "config/config.yaml"
+# The embedded default only when no --configfile is given: Snakemake would otherwise merge a
+# command-line config file into it key by key, so a study config could never drop a model of
+# the default. --config key=value overrides apply on top either way.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 # GPU limits from a profile serialise jobs on one workstation, not across a cluster's nodes.

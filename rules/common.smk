@@ -10,7 +10,9 @@ from coordgap.config import (
     cell_episodes,
     check_cross_keys,
     checkpoint_families,
+    is_served,
     selected_checkpoints,
+    weights_source,
 )
 
 # ---------------------------------------------------------------- validation
@@ -22,7 +24,11 @@ check_cross_keys(config)
 # ---------------------------------------------------------------- constants
 
 MODELS = list(config["models"])
-LOCAL_MODELS = [name for name, entry in config["models"].items() if entry["kind"] == "local"]
+# Models with prepared weights (resources/models/<name>), local or served with a source.
+PREPARED_MODELS = [name for name, entry in config["models"].items() if weights_source(entry)]
+# Models played through a server their own job starts (serve:), on a GPU.
+SERVED_MODELS = [name for name, entry in config["models"].items() if is_served(entry)]
+UNSERVED_MODELS = [name for name in MODELS if name not in SERVED_MODELS]
 RUNS = list(config["training"]["runs"])
 POLICIES = config["evaluation"]["policies"]
 # Selected checkpoints, models named <run>@<policy>: each plays the test grid.
@@ -51,9 +57,14 @@ TIMELINE_CODE = (
 )
 
 
+def alternatives(names):
+    """A regex matching exactly these names; one that matches nothing when there are none."""
+    return "|".join(re.escape(name) for name in names) or "(?!)"
+
+
 wildcard_constraints:
-    model="|".join(re.escape(name) for name in MODELS),
-    run="|".join(re.escape(name) for name in RUNS) or "(?!)",
+    model=alternatives(MODELS),
+    run=alternatives(RUNS),
     policy="|".join(POLICIES),
     step=r"\d{4}",
     size=r"\d+",
@@ -92,6 +103,12 @@ RESOURCES = {
         "mem_mb": lambda wildcards, attempt: 4000 * attempt,
         "runtime": lambda wildcards, attempt: 60 * attempt,
     },
+    # A job that runs a model server on a GPU: host memory for the server's process, and
+    # time for loading the weights; profiles/slurm sizes these for the paper's models.
+    "gpu": {
+        "mem_mb": lambda wildcards, attempt: 16000 * attempt,
+        "runtime": lambda wildcards, attempt: 120 * attempt,
+    },
 }
 
 # ---------------------------------------------------------------- functions
@@ -112,8 +129,8 @@ def model_entry(wildcards):
 
 
 def model_source(wildcards):
-    """The weights source of a local model."""
-    return config["models"][wildcards.model]["source"]
+    """The weights source of a local or served model."""
+    return weights_source(config["models"][wildcards.model])
 
 
 def episodes_per_cell(wildcards):
@@ -122,15 +139,16 @@ def episodes_per_cell(wildcards):
 
 
 def model_weights(wildcards):
-    """The prepared weights folder as a named input, for local models only."""
-    if config["models"][wildcards.model]["kind"] == "local":
+    """The prepared weights folder as a named input, for models that have one."""
+    if wildcards.model in PREPARED_MODELS:
         return {"weights": f"resources/models/{wildcards.model}"}
     return {}
 
 
 def model_gpus(wildcards):
-    """GPUs a generation job uses: one for an in-process model, none otherwise."""
-    return int(config["models"][wildcards.model]["kind"] == "local")
+    """GPUs a generation job uses: one for an in-process or served model, none otherwise."""
+    entry = config["models"][wildcards.model]
+    return int(entry["kind"] == "local" or is_served(entry))
 
 
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
@@ -204,8 +222,8 @@ def selection_targets():
 
 
 def model_targets():
-    """Every local model's prepared weights."""
-    return expand("resources/models/{model}", model=LOCAL_MODELS)
+    """Every prepared model's weights."""
+    return expand("resources/models/{model}", model=PREPARED_MODELS)
 
 
 def episode_targets():

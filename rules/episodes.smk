@@ -22,11 +22,32 @@ rule generate_episodes:
         "logs/generate_episodes/{model}/n{size}.log",
     benchmark:
         "logs/generate_episodes/{model}/n{size}.benchmark.tsv"
+    wildcard_constraints:
+        model=alternatives(UNSERVED_MODELS),
     threads: model_threads
     resources:
         **RESOURCES["medium"],
         gpu=model_gpus,
+        # Only served models read it; machine settings come from profiles (set-resources).
+        serve_host="loopback",
     conda:
         CONDA_ENV
     script:
         "../workflow/scripts/generate_episodes.py"
+
+
+# The cells of served models (serve:): the job starts the model's server on a GPU, plays, and
+# stops it. A rule of their own so that a profile can size these jobs apart from API and
+# scripted cells.
+use rule generate_episodes as generate_served_episodes with:
+    log:
+        "logs/generate_served_episodes/{model}/n{size}.log",
+    benchmark:
+        "logs/generate_served_episodes/{model}/n{size}.benchmark.tsv"
+    wildcard_constraints:
+        model=alternatives(SERVED_MODELS),
+    threads: 4
+    resources:
+        **RESOURCES["gpu"],
+        gpu=1,
+        serve_host="loopback",

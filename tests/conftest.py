@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,46 @@ def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
         output = f"{result.stdout}\n{result.stderr}"
         raise AssertionError(f"{args} failed ({result.returncode}):\n{output}")
     return result
+
+
+# The header of a job in Snakemake's output: "rule x:" or "localrule x:".
+JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")
+
+
+def planned(stdout: str) -> dict[str, int]:
+    """Rule -> job count, from the first "Job stats" table of a (dry) run."""
+    if "Job stats:" not in stdout:
+        return {}  # nothing to be done
+    lines = stdout.split("Job stats:", 1)[1].splitlines()[3:]  # past the header and its rule
+    counts = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 2 or fields[0] == "total":
+            break
+        counts[fields[0]] = int(fields[1])
+    return counts
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """``a=1, b=x y`` -> {"a": "1", "b": "x y"}, as Snakemake prints wildcards and resources."""
+    return dict(item.strip().split("=", 1) for item in text.split(", "))
+
+
+def dry_run_jobs(log: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """(rule, wildcards, resources) of every job a dry run prints."""
+    jobs = []
+    rule: str | None = None
+    wildcards: dict[str, str] = {}
+    for raw in log.splitlines():
+        line = raw.strip()
+        if match := JOB_HEADER.match(line):
+            rule, wildcards = match.group(2), {}
+        elif rule is not None and line.startswith("wildcards:"):
+            wildcards = _pairs(line.removeprefix("wildcards:"))
+        elif rule is not None and line.startswith("resources:"):
+            jobs.append((rule, wildcards, _pairs(line.removeprefix("resources:"))))
+            rule = None
+    return jobs
 
 
 @pytest.fixture(scope="session")

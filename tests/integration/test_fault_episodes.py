@@ -78,6 +78,7 @@ def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
             "backoff_base_s": 0.01,
             "backoff_max_s": 0.05,
             "max_in_flight": 2,
+            "serve": None,
             "episodes_per_cell": 6,
         }
         | settings

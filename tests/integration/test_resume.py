@@ -126,6 +126,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
                 "backoff_base_s": 0.01,
                 "backoff_max_s": 0.05,
                 "max_in_flight": in_flight,
+                "serve": None,
                 "episodes_per_cell": episodes,
             }
         }

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, copy_workflow, run
+from tests.conftest import JOB_HEADER, ROOT, copy_workflow, dry_run_jobs, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.slurm]
 
@@ -50,7 +50,6 @@ LOCAL_RULES = {"all", "write_model_manifest", "compute_power", "write_report"} |
     )
 }
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
-JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")
 
 
 def _no_cluster_reason() -> str | None:
@@ -168,28 +167,6 @@ def test_tiny_workflow_runs_through_a_real_slurm_cluster(tmp_path, tiny_config):
         assert (project / "logs" / "generate_episodes" / model / "n3.benchmark.tsv").is_file()
 
 
-def _pairs(text: str) -> dict[str, str]:
-    """``a=1, b=x y`` -> {"a": "1", "b": "x y"}, as Snakemake prints wildcards and resources."""
-    return dict(item.strip().split("=", 1) for item in text.split(", "))
-
-
-def _resources(dry_run_log: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
-    """(rule, wildcards, resources) of every job a dry run prints."""
-    jobs = []
-    rule: str | None = None
-    wildcards: dict[str, str] = {}
-    for raw in dry_run_log.splitlines():
-        line = raw.strip()
-        if match := JOB_HEADER.match(line):
-            rule, wildcards = match.group(2), {}
-        elif rule is not None and line.startswith("wildcards:"):
-            wildcards = _pairs(line.removeprefix("wildcards:"))
-        elif rule is not None and line.startswith("resources:"):
-            jobs.append((rule, wildcards, _pairs(line.removeprefix("resources:"))))
-            rule = None
-    return jobs
-
-
 def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_config):
     config = copy.deepcopy(tiny_config)
     default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -200,7 +177,7 @@ def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_conf
     log = result.stdout + result.stderr
     assert "Using workflow specific profile profiles/slurm" in log
 
-    jobs = _resources(log)
+    jobs = dry_run_jobs(log)
     by_rule: dict[str, list[tuple[dict[str, str], dict[str, str]]]] = {}
     for rule, wildcards, resources in jobs:
         by_rule.setdefault(rule, []).append((wildcards, resources))
@@ -215,7 +192,9 @@ def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_conf
         # Only the in-process model asks Slurm for a GPU; scripted policies ask for none.
         gpus = "1" if wildcards["model"] == "smollm2-135m" else "0"
         assert resources["gpu"] == gpus, (wildcards, resources)
-    for rule, mem_mb, runtime in [("prepare_model", "4000", "60"), ("compute_stats", "1000", "15")]:
+    # prepare_model as the profile sizes it (a 14B model in host memory); compute_stats by preset.
+    sized = [("prepare_model", "64000", "120"), ("compute_stats", "1000", "15")]
+    for rule, mem_mb, runtime in sized:
         for _, resources in by_rule[rule]:
             assert (resources["mem_mb"], resources["runtime"]) == (mem_mb, runtime), rule
             assert resources.get("gpu", "0") == "0", (rule, resources)

@@ -9,23 +9,9 @@ import polars as pl
 import pytest
 import yaml
 
-from tests.conftest import ROOT, copy_workflow, run, tiny_training_config
+from tests.conftest import ROOT, copy_workflow, planned, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
-
-
-def _planned(stdout: str) -> dict[str, int]:
-    """Rule -> job count, from the first "Job stats" table of a (dry) run."""
-    if "Job stats:" not in stdout:
-        return {}  # nothing to be done
-    lines = stdout.split("Job stats:", 1)[1].splitlines()[3:]  # past the header and its rule
-    counts = {}
-    for line in lines:
-        fields = line.split()
-        if len(fields) != 2 or fields[0] == "total":
-            break
-        counts[fields[0]] = int(fields[1])
-    return counts
 
 
 def test_default_config_dry_run_plans_every_cell(tmp_path):
@@ -33,7 +19,7 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
     result = run(project, "snakemake", "-n", "--cores", "1", "all")
     # 6 models (5 scripted, 1 local) x 3 sizes, the local model's weights and their manifest,
     # then statistics, monitors, per-variant figures (2 variants), the others, and the report.
-    assert _planned(result.stdout) == {
+    assert planned(result.stdout) == {
         "generate_episodes": 18,
         "prepare_model": 1,
         "write_model_manifest": 1,
@@ -76,12 +62,12 @@ def test_training_dry_run_plans_one_evaluation_per_checkpoint_and_the_tests(
     config["experiment"]["sizes"] = sizes
     project = copy_workflow(tmp_path / "project", config)
     result = run(project, "snakemake", "-n", "--cores", "1", "all")
-    planned = _planned(result.stdout)
-    assert planned["train_grpo"] == 1
-    assert planned["evaluate_checkpoint"] == evaluations
-    assert planned["select_checkpoint"] == len(policies)
-    assert planned["summarize_selection"] == 1
-    assert planned["test_checkpoint"] == tests
+    counts = planned(result.stdout)
+    assert counts["train_grpo"] == 1
+    assert counts["evaluate_checkpoint"] == evaluations
+    assert counts["select_checkpoint"] == len(policies)
+    assert counts["summarize_selection"] == 1
+    assert counts["test_checkpoint"] == tests
     validated = set(re.findall(r"results/eval/tiny-grpo/step_(\d{4})\.parquet", result.stdout))
     assert len(validated) == evaluations
 
@@ -150,8 +136,8 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     }
     for dotted, (value, rules) in changes.items():
         config_path.write_text(yaml.safe_dump(_set(tiny_config, dotted, value), sort_keys=False))
-        planned = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
-        assert set(_planned(planned.stdout)) - {"all"} == rules, (dotted, planned.stdout)
+        dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+        assert set(planned(dry_run.stdout)) - {"all"} == rules, (dotted, dry_run.stdout)
     config_path.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
 
 

@@ -32,4 +32,5 @@ with job_log(snakemake.log[0], "evaluate_checkpoint") as log:
             steps=Path(snakemake.output.steps),
             transcripts=Path(snakemake.output.transcripts),
         ),
+        serve_host=snakemake.resources.serve_host,
     )

@@ -27,4 +27,5 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
         # Only local models have prepared weights. `in` on a Namedlist tests its values, so
         # the names are asked for explicitly.
         weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,  # noqa: SIM118
+        serve_host=snakemake.resources.serve_host,
     )

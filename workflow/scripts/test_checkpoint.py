@@ -30,4 +30,5 @@ with job_log(snakemake.log[0], "test_checkpoint") as log:
             steps=Path(snakemake.output.steps),
             transcripts=Path(snakemake.output.transcripts),
         ),
+        serve_host=snakemake.resources.serve_host,
     )

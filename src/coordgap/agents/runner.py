@@ -134,6 +134,7 @@ async def run_cell(
         make_policy: Builds a fresh policy for an episode from (n, policy seed, policy rng).
         max_in_flight: Episodes played at once.
         progress: Show a progress bar on stderr.
+        serve_host: Where a served model's server listens (``loopback`` or ``node``).
     """
     done = _open_journal(cell, outputs)
     todo = [i for i in range(cell.episodes) if i not in done]
@@ -200,6 +201,7 @@ def generate_cell(
     weights: Path | None = None,
     checkpoint: str = "base",
     progress: bool = True,
+    serve_host: str = "loopback",
 ) -> None:
     """Play one model x N cell (resuming a killed run) and write its three tables.
 
@@ -214,17 +216,20 @@ def generate_cell(
         first_scenario: Episode ``k`` plays scenario ``first_scenario + k``.
         outputs: Where the tables go.
         templates: Prompt templates for language models.
-        weights: The prepared weights folder of a ``local`` model.
+        weights: The prepared weights folder of a ``local`` or served model.
         checkpoint: What the ``checkpoint`` column says: ``base``, or the training checkpoint
             whose adapter the model carries.
         progress: Show a progress bar on stderr.
+        serve_host: Where a served model's server listens (``loopback`` or ``node``).
 
     Raises:
         Preempted: A signal stopped the cell; finished episodes are journalled.
         EndpointAuthError: The model's endpoint refused its API key.
+        ServerStartError: A served model's server did not start.
     """
     cell = Cell(
         model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
     )
-    with open_policy_factory(model, env, templates, weights) as (make_policy, max_in_flight):
+    opened = open_policy_factory(model, env, templates, weights, serve_host)
+    with opened as (make_policy, max_in_flight):
         preemption.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))

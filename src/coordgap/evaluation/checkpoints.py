@@ -58,6 +58,7 @@ def play_checkpoint(
     weights: Path,
     templates: PromptTemplates,
     outputs: CellOutputs,
+    serve_host: str = "loopback",
 ) -> None:
     """Play one cell with a checkpoint (resuming a killed job) and write its three tables.
 
@@ -74,6 +75,7 @@ def play_checkpoint(
         weights: The base model's prepared weights.
         templates: Prompt templates.
         outputs: Where the tables go.
+        serve_host: Where a served base model's server listens (``loopback`` or ``node``).
     """
     generate_cell(
         model=checkpoint_model(name, base, checkpoints, step),
@@ -86,6 +88,7 @@ def play_checkpoint(
         templates=templates,
         weights=weights,
         checkpoint=step_label(step),
+        serve_host=serve_host,
     )
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from coordgap.config import ModelKind
+from coordgap.config import ModelKind, check_filled, is_served
 from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
+from coordgap.policies.serving import serve_model
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -70,18 +71,30 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
 
 @contextmanager
 def open_policy_factory(
-    model: ModelSpec, env: EnvironmentConfig, templates: PromptTemplates, weights: Path | None
+    model: ModelSpec,
+    env: EnvironmentConfig,
+    templates: PromptTemplates,
+    weights: Path | None,
+    serve_host: str = "loopback",
 ) -> Iterator[tuple[PolicyFactory, int]]:
     """Open the model's backend once and yield a per-episode policy factory.
+
+    A served model's server (``serve:``) runs while the factory is open, and stops when it
+    closes, however it closes (``coordgap.policies.serving``).
 
     Args:
         model: The model entry.
         env: The table rules (the protocol decides the tools).
         templates: Prompt templates for language models.
-        weights: The prepared weights folder of a ``local`` model, else None.
+        weights: The prepared weights folder of a ``local`` or served model, else None.
+        serve_host: Where a served model's server listens: ``loopback`` or ``node``.
 
     Yields:
         A factory ``(n, episode seed, policy rng) -> policy`` and the episodes to play at once.
+
+    Raises:
+        ConfigError: The entry still holds a ``FILL-IN`` placeholder (names the key).
+        ServerStartError: A served model's server did not start.
     """
     if model.kind is ModelKind.SCRIPTED:
 
@@ -91,11 +104,21 @@ def open_policy_factory(
         # Scripted decisions never wait, so concurrency would only add scheduling overhead.
         yield scripted, 1
         return
-    backend = open_backend(model, weights)
+    check_filled(model.entry, f"models.{model.name}")
+    with ExitStack() as stack:
+        if is_served(model.entry):
+            model = stack.enter_context(serve_model(model, weights, serve_host))
+        yield _prompted(open_backend(model, weights), env, templates), model.entry["max_in_flight"]
+
+
+def _prompted(
+    backend: ChatBackend, env: EnvironmentConfig, templates: PromptTemplates
+) -> PolicyFactory:
+    """The per-episode policy factory of a language model."""
 
     def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
         return LLMAgentPolicy(
             backend, templates, seed, simultaneous=env.turn_order is TurnOrder.SIMULTANEOUS
         )
 
-    yield prompted, model.entry["max_in_flight"]
+    return prompted
