@@ -10,6 +10,7 @@ from coordgap.config import (
     cell_episodes,
     check_cross_keys,
     checkpoint_families,
+    evaluated_steps,
     is_served,
     selected_checkpoints,
     weights_source,
@@ -184,18 +185,12 @@ def training_targets():
     )
 
 
-def evaluated_steps(run):
-    """The checkpoints of a run that play validation: 0, every, 2 * every, ... and the last."""
-    steps = config["training"]["runs"][run]["steps"]
-    return sorted({*range(0, steps + 1, config["evaluation"]["every"]), steps})
-
-
 def validation_tables(wildcards):
     """The validation episode tables of every evaluated checkpoint of the job's run."""
     return expand(
         "results/eval/{run}/step_{step:04d}.parquet",
         run=wildcards.run,
-        step=evaluated_steps(wildcards.run),
+        step=evaluated_steps(config, wildcards.run),
     )
 
 

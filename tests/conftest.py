@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import shutil
@@ -95,6 +96,20 @@ def dry_run_jobs(log: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
             jobs.append((rule, wildcards, _pairs(line.removeprefix("resources:"))))
             rule = None
     return jobs
+
+
+def plan_lines(project: Path, *args: str) -> dict[tuple[str, str], dict[str, float]]:
+    """Run `coordgap plan` in a project; its lines as (rule, model) -> figures."""
+    run(project, "coordgap", "plan", *args, "--csv", "plan.csv")
+    with (project / "plan.csv").open() as stream:
+        return {
+            (row["rule"], row["model"]): {
+                key: float(value)
+                for key, value in row.items()
+                if key not in ("rule", "model", "basis")
+            }
+            for row in csv.DictReader(stream)
+        }
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,10 @@
 ``coordgap show <table> --episode k`` replays one episode of an episode table (any model, any
 N, also a checkpoint's evaluation table) and draws it seat by seat and round by round: it
 prints the episode as text and writes the figure (PNG and PDF) with its timeline as CSV.
+
+``coordgap plan [--configfile X]`` estimates a study's decisions, tokens, API dollars and
+GPU-hours per rule before anything runs (``coordgap.plan``), with what a run used so far
+beside the estimate, and lists the placeholders to fill in and the API keys to export.
 """
 
 from __future__ import annotations
@@ -46,6 +50,29 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="path stem of the files written (default: timeline_<model>_n<N>_e<k> here)",
     )
+    plan = commands.add_parser(
+        "plan",
+        help="estimate decisions, tokens, API cost and GPU-hours before anything runs",
+        description=(
+            "Price a study per rule: decisions, prompt and completion tokens, API dollars "
+            "(plan.prices) and GPU-hours, from the rates measured in earlier runs' episode "
+            "tables and benchmarks where they exist, else from the config's plan section. "
+            "What a run used so far is shown beside each estimate."
+        ),
+    )
+    plan.add_argument(
+        "--configfile",
+        type=Path,
+        default=Path("config/config.yaml"),
+        help="the study's config, validated as Snakemake validates it (default: %(default)s)",
+    )
+    plan.add_argument(
+        "--root",
+        type=Path,
+        default=Path(),
+        help="the project folder: its workflow/schemas, results/ and logs/ (default: here)",
+    )
+    plan.add_argument("--csv", type=Path, help="also write the estimate's lines to this CSV")
     return parser
 
 
@@ -66,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return _plan(args.configfile, args.root, args.csv)
     table: Path = args.table
     episodes = (
         table.with_name(table.name.removesuffix(_STEPS_SUFFIX) + ".parquet")
@@ -85,4 +114,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     sys.stdout.write(text)
     sys.stdout.write("wrote " + ", ".join(map(str, outputs)) + "\n")
+    return 0
+
+
+def _plan(configfile: Path, root: Path, csv_path: Path | None) -> int:
+    """Print the plan of a config; 1 when the config is invalid (the message names the key)."""
+    # Imported here: the validator and polars are not needed to draw an episode.
+    import yaml
+    from snakemake.utils import validate
+
+    from coordgap.config import check_cross_keys, unfilled_keys
+    from coordgap.plan import actual, api_key_variables, estimate, render, write_csv
+
+    config = yaml.safe_load(configfile.read_text())
+    try:
+        validate(config, schema=str(root / "workflow" / "schemas" / "config.schema.yaml"))
+        check_cross_keys(config)
+    except Exception as error:  # validate raises WorkflowError, the cross-key rules ConfigError
+        sys.stderr.write(f"{configfile}: {error}\n")
+        return 1
+    lines = estimate(config, root)
+    sys.stdout.write(f"Plan of {configfile}\n\n{render(lines, actual(config, root))}")
+    if keys := unfilled_keys(config, ""):
+        sys.stdout.write("\nFill in before running: " + ", ".join(k[1:] for k in keys) + "\n")
+    if variables := api_key_variables(config):
+        sys.stdout.write("API keys to export: " + ", ".join(variables) + "\n")
+    if csv_path is not None:
+        write_csv(lines, csv_path)
     return 0

@@ -525,6 +525,20 @@ def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
     }
 
 
+def evaluated_steps(config: dict[str, Any], run: str) -> list[int]:
+    """The checkpoints of a run that play validation: 0, every, 2 * every, ... and the last.
+
+    Args:
+        config: The schema-valid config.
+        run: A name in ``training.runs``.
+
+    Returns:
+        The steps, in increasing order.
+    """
+    steps = config["training"]["runs"][run]["steps"]
+    return sorted({*range(0, steps + 1, config["evaluation"]["every"]), steps})
+
+
 def checkpoint_families(config: dict[str, Any]) -> dict[str, tuple[tuple[str, str], ...]]:
     """The comparison families checkpoint selection adds, one pair list per run and question.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -14,12 +15,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from coordgap.config import ModelSpec
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.policies.serving import SERVED_KEY_ENV, ServerStartError, launch, serve_model
+from tests.conftest import copy_workflow, plan_lines, run
 from tests.integration.processes import (
     group_alive,
     llama_server_command,
@@ -195,3 +198,71 @@ def test_a_checkpoint_is_served_with_the_lora_arguments_and_asked_for_by_name(tm
         with urllib.request.urlopen(request) as reply:
             listed = [model["id"] for model in json.load(reply)["data"]]
     assert listed == ["step_0003"]
+
+
+def _served_study(tiny_config: dict, key_file: Path) -> dict:
+    """The tiny design with SmolLM2 served by llama.cpp inside its jobs, at N = 3 and 4."""
+    # The server writes its key where the test can find it, outside the project.
+    command = ["sh", "-c", f'printf %s "$API_KEY" > {key_file}; exec "$0" "$@"', *_command()]
+    config = copy.deepcopy(tiny_config)
+    config["environment"]["rounds"] = 2
+    config["experiment"] = {"sizes": [3, 4], "episodes_per_cell": 2}
+    config["models"] = {
+        "resource_hierarchy": config["models"]["resource_hierarchy"],
+        "smollm2-served": {
+            "kind": "openai",
+            "provider": "openai",
+            "base_url": None,
+            "model": "smollm2",
+            "api_key_env": None,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "max_tokens": 48,
+            "extra_body": {"max_tokens": 48},  # llama-cpp-python reads max_tokens only
+            "tool_choice": "auto",
+            "timeout_s": 120,
+            "max_retries": 1,
+            "backoff_base_s": 0.1,
+            "backoff_max_s": 1.0,
+            "max_in_flight": 2,
+            "episodes_per_cell": 3,
+            "serve": {**SERVER, "source": None, "command": command, "lora": None},
+        },
+    }
+    config["analysis"]["comparisons"] = [["smollm2-served", "resource_hierarchy"]]
+    config["analysis"]["timeline"] = {"model": "resource_hierarchy", "n": 3, "episode": 0}
+    return config
+
+
+def test_a_served_model_plays_through_the_workflow_and_a_pilot_prices_the_rest(
+    tmp_path, tiny_config
+):
+    key_file = tmp_path / "key.txt"
+    project = copy_workflow(tmp_path / "project", _served_study(tiny_config, key_file))
+    served = ("generate_served_episodes", "smollm2-served")
+    # A pilot cell measures the model; the plan then prices the whole study from it.
+    run(project, "snakemake", "--cores", "2", "results/episodes/smollm2-served/n3.parquet")
+    estimate = plan_lines(project)[served]
+    run(project, "snakemake", "--cores", "2", "episodes")
+
+    tables = sorted((project / "results" / "episodes" / "smollm2-served").glob("n?.parquet"))
+    used = pl.concat(pl.read_parquet(path) for path in tables)
+    assert [path.name for path in tables] == ["n3.parquet", "n4.parquet"]
+    assert (used["status"] == "ok").all()
+    assert (used["decisions"] > 0).all()
+    benchmarks = (project / "logs" / "generate_served_episodes" / "smollm2-served").glob("*.tsv")
+    wall_h = sum(pl.read_csv(path, separator="\t")["s"].sum() for path in benchmarks) / 3600
+    for field, value in [
+        ("decisions", used["decisions"].sum()),
+        ("tokens_in", used["tokens_in"].sum()),
+        ("tokens_out", used["tokens_out"].sum()),
+        ("gpu_hours", wall_h),
+    ]:
+        assert 0.5 <= estimate[field] / value <= 2, (field, estimate[field], value)
+
+    # The job's key never reached a log, an output or Snakemake's records.
+    key = key_file.read_text()
+    assert len(key) >= 32
+    for path in project.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
