@@ -282,6 +282,7 @@ rule write_report:
         timeline="results/figures/timeline.png",
         selections=selection_targets(),
         training_figures=expand("results/figures/training_{run}.png", run=RUNS),
+        records=provenance_records(),
         paper_reference="config/paper_reference.yaml",
         code=src_files("analysis", "env/reward.py", "config.py"),
     output:

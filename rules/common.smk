@@ -6,6 +6,7 @@ from pathlib import Path
 
 from snakemake.utils import available_cpu_count, validate
 
+from coordgap.analysis.provenance import output_identity
 from coordgap.config import (
     cell_episodes,
     check_cross_keys,
@@ -230,6 +231,39 @@ def analysis_tables():
     """The episode tables the statistics read: every model x N cell of the grid, the selected
     checkpoints' (models named <run>@<policy>) included."""
     return episode_targets() + test_targets()
+
+
+def provenance_of(kind):
+    """A params function: the provenance identity of the job's output of ``kind``.
+
+    Its digest covers exactly the config sections the output depends on; the job writes it
+    into its record, and the report compares it with the current config's.
+    """
+
+    def identity(wildcards):
+        if kind == "episodes":
+            name = wildcards.model
+        elif kind == "test":
+            name = f"{wildcards.run}@{wildcards.policy}"
+        else:
+            name = wildcards.run
+        return output_identity(config, kind, name)
+
+    return identity
+
+
+def provenance_records():
+    """The records of every output the report is made of."""
+    return [
+        *expand("results/episodes/{model}/n{size}.provenance.json", model=MODELS, size=SIZES),
+        *expand("results/train/{run}/provenance.json", run=RUNS),
+        *(
+            f"results/eval/{run}/step_{step:04d}.provenance.json"
+            for run in RUNS
+            for step in evaluated_steps(config, run)
+        ),
+        *(f"results/test/{name}/n{size}.provenance.json" for name in SELECTED for size in SIZES),
+    ]
 
 
 def analysis_settings(*keys):

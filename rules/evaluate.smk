@@ -16,13 +16,16 @@ rule evaluate_checkpoint:
             "data.py",
             "config.py",
             "preemption.py",
+            "analysis/provenance.py",
         ),
     output:
         episodes="results/eval/{run}/step_{step}.parquet",
         steps="results/eval/{run}/step_{step}.steps.parquet",
         transcripts="results/eval/{run}/step_{step}.transcripts.parquet",
+        provenance="results/eval/{run}/step_{step}.provenance.json",
     params:
         run=run_entry,
+        provenance=provenance_of("eval"),
         base=run_base_entry,
         environment=lookup(dpath="environment", within=config),
         seed=lookup(dpath="seed", within=config),
@@ -36,6 +39,7 @@ rule evaluate_checkpoint:
     resources:
         **RESOURCES["medium"],
         gpu=1,
+        serve_host="loopback",
     conda:
         CONDA_ENV
     script:
@@ -100,13 +104,16 @@ rule test_checkpoint:
             "data.py",
             "config.py",
             "preemption.py",
+            "analysis/provenance.py",
         ),
     output:
         episodes="results/test/{run}@{policy}/n{size}.parquet",
         steps="results/test/{run}@{policy}/n{size}.steps.parquet",
         transcripts="results/test/{run}@{policy}/n{size}.transcripts.parquet",
+        provenance="results/test/{run}@{policy}/n{size}.provenance.json",
     params:
         base=selected_base_entry,
+        provenance=provenance_of("test"),
         environment=lookup(dpath="environment", within=config),
         episodes=selected_episodes,
         seed=lookup(dpath="seed", within=config),
@@ -119,6 +126,7 @@ rule test_checkpoint:
     resources:
         **RESOURCES["medium"],
         gpu=1,
+        serve_host="loopback",
     conda:
         CONDA_ENV
     script:

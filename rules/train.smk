@@ -14,6 +14,7 @@ rule train_grpo:
             "data.py",
             "config.py",
             "preemption.py",
+            "analysis/provenance.py",
         ),
     output:
         # One folder for all steps: evaluation jobs take it whole and read their step, so a
@@ -21,8 +22,10 @@ rule train_grpo:
         checkpoints=directory("results/train/{run}/checkpoints"),
         history="results/train/{run}/history.parquet",
         rollouts=directory("results/train/{run}/rollouts"),
+        provenance="results/train/{run}/provenance.json",
     params:
         run=run_entry,
+        provenance=provenance_of("train"),
         base=run_base_entry,
         environment=lookup(dpath="environment", within=config),
         seed=lookup(dpath="seed", within=config),

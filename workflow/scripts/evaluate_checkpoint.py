@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs
+from coordgap.analysis.provenance import write_record
 from coordgap.config import EnvironmentConfig, TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.checkpoints import play_checkpoint
@@ -34,3 +35,4 @@ with job_log(snakemake.log[0], "evaluate_checkpoint") as log:
         ),
         serve_host=snakemake.resources.serve_host,
     )
+    write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

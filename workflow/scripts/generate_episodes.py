@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs, generate_cell
+from coordgap.analysis.provenance import write_record
 from coordgap.config import EnvironmentConfig, ModelSpec
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
@@ -29,3 +30,5 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
         weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,  # noqa: SIM118
         serve_host=snakemake.resources.serve_host,
     )
+    # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
+    write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs
+from coordgap.analysis.provenance import write_record
 from coordgap.config import EnvironmentConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.checkpoints import chosen_step, play_checkpoint
@@ -32,3 +33,4 @@ with job_log(snakemake.log[0], "test_checkpoint") as log:
         ),
         serve_host=snakemake.resources.serve_host,
     )
+    write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

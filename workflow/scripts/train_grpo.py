@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 
+from coordgap.analysis.provenance import write_record
 from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
@@ -24,3 +25,5 @@ with job_log(snakemake.log[0], "train_grpo") as log:
         first_scenario=snakemake.params.first_scenario,
         outputs=RunOutputs(Path(snakemake.output.history).parent, run.steps),
     )
+    # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
+    write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

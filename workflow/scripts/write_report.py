@@ -20,6 +20,7 @@ with job_log(snakemake.log[0], "write_report"):
             tables=[Path(csv) for csv in given.tables],
             selections=[Path(path) for path in given.selections],
             training_figures=[Path(png) for png in given.training_figures],
+            records=[Path(path) for path in given.records],
         ),
         config=snakemake.params.config,
         # Snakemake runs the job in the workflow's folder: its git checkout is the code's.

@@ -21,6 +21,7 @@ import yaml
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
+from coordgap.analysis.provenance import check_records
 from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
 from coordgap.analysis.training import read_selection, selection_section
 from coordgap.config import AnalysisConfig, ComparisonConfig, MonitorConfig, cell_episodes
@@ -66,6 +67,8 @@ class ReportInputs:
         tables: Further statistics tables to link to (CSV), e.g. components and seats.
         selections: Every training run's ``selection.json``.
         training_figures: Their training-curve PNGs, in the same order.
+        records: The provenance records of every output the statistics read (episodes,
+            training, validation, tests); each must match the current config.
     """
 
     summary: Path
@@ -78,6 +81,7 @@ class ReportInputs:
     tables: Sequence[Path] = field(default_factory=tuple)
     selections: Sequence[Path] = field(default_factory=tuple)
     training_figures: Sequence[Path] = field(default_factory=tuple)
+    records: Sequence[Path] = field(default_factory=tuple)
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -112,7 +116,7 @@ def _link(target: Path, out_md: Path) -> str:
     return Path(os.path.relpath(target, out_md.parent)).as_posix()
 
 
-def _setup_section(config: dict[str, Any], provenance: Provenance) -> str:
+def _setup_section(config: dict[str, Any], provenance: Provenance, records: int) -> str:
     env = config["environment"]
     models = [
         f"`{name}` ({entry['kind']}, {cell_episodes(config, name)} episodes per N)"
@@ -121,6 +125,7 @@ def _setup_section(config: dict[str, Any], provenance: Provenance) -> str:
     facts = [
         ["Config digest (SHA-256)", f"`{provenance.config_digest}`"],
         ["Git commit", f"`{provenance.commit}`" if provenance.commit else "not a git checkout"],
+        ["Output records", f"{records}, each made with the current config's sections"],
         ["Python", provenance.python],
         *([f"`{name}`", version] for name, version in provenance.packages.items()),
     ]
@@ -529,7 +534,12 @@ def write_report(
         config: The whole validated config the workflow ran with.
         provenance: The setup the report was made with.
         out_md: The report file; links to figures and tables are relative to its folder.
+
+    Raises:
+        ProvenanceMismatch: An output's record disagrees with ``config`` (each is named);
+            nothing is written.
     """
+    check_records(config, inputs.records)
     out_md = Path(out_md)
     comparing = ComparisonConfig.from_dict(config["reward"], config["analysis"])
     analysis = comparing.analysis
@@ -541,7 +551,7 @@ def write_report(
     paper = yaml.safe_load(Path(inputs.paper_reference).read_text(encoding="utf-8"))
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
-        _setup_section(config, provenance),
+        _setup_section(config, provenance, len(inputs.records)),
         _method_section(comparing, monitor_config),
         _rewards_section(summary, monitors, analysis),
         _behaviour_section(summary),
