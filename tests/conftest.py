@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import os
 import re
@@ -58,6 +59,22 @@ def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
     return result
 
 
+# The jobs after the episodes of a study with two reward variants (paper, shaped): statistics,
+# monitors, per-variant and other figures, the report, and the target.
+ANALYSIS_JOBS = {
+    "compute_stats": 1,
+    "compare_models": 1,
+    "compute_power": 1,
+    "compute_monitors": 1,
+    "plot_reward": 2,
+    "plot_deadlock": 1,
+    "plot_reward_vs_meals": 2,
+    "plot_components": 2,
+    "plot_meals_by_seat": 1,
+    "plot_timeline": 1,
+    "write_report": 1,
+    "all": 1,
+}
 # The header of a job in Snakemake's output: "rule x:" or "localrule x:".
 JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")
 
@@ -96,6 +113,17 @@ def dry_run_jobs(log: str) -> list[tuple[str, dict[str, str], dict[str, str]]]:
             jobs.append((rule, wildcards, _pairs(line.removeprefix("resources:"))))
             rule = None
     return jobs
+
+
+def changed(config: dict, path: str, value: object) -> dict:
+    """A deep copy of ``config`` with the key at ``path`` (``a/b/c``: names may hold dots) set."""
+    copied = copy.deepcopy(config)
+    *parents, leaf = path.split("/")
+    node = copied
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return copied
 
 
 def plan_lines(project: Path, *args: str) -> dict[tuple[str, str], dict[str, float]]:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from tests.conftest import tool_env
 
 if TYPE_CHECKING:
@@ -28,6 +30,15 @@ def llama_server_python() -> str | None:
     if python := os.environ.get(LLAMA_PYTHON_ENV):
         return python
     return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
+
+
+# Tests that start llama.cpp's server skip where no Python here can run it.
+needs_llama_server = pytest.mark.skipif(
+    llama_server_python() is None,
+    reason="llama-cpp-python's server is not installed: make .venv/.llama-server (it builds "
+    "'llama-cpp-python[server]==0.3.36' without AMX), or point COORDGAP_LLAMA_PYTHON at a "
+    "Python that has it",
+)
 
 
 def smollm2_gguf() -> Path:

@@ -11,7 +11,12 @@ from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.policies.base import NoCallReason
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.policies.serving import launch
-from tests.integration.processes import llama_server_command, llama_server_python, smollm2_gguf
+from tests.integration.processes import (
+    llama_server_command,
+    llama_server_python,
+    needs_llama_server,
+    smollm2_gguf,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -20,16 +25,7 @@ if TYPE_CHECKING:
     from coordgap.policies.serving import Endpoint
 
 LLAMA_PYTHON = llama_server_python()
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        LLAMA_PYTHON is None,
-        reason="llama-cpp-python is not installed: pip install --no-cache-dir "
-        "'llama-cpp-python[server]==0.3.36' with CMAKE_ARGS='-DGGML_NATIVE=OFF ...' (no AMX), "
-        "or point COORDGAP_LLAMA_PYTHON at a Python that has it",
-    ),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_llama_server]
 
 READY_TIMEOUT_S = 120.0
 DECISIONS = 20

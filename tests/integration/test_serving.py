@@ -27,19 +27,12 @@ from tests.integration.processes import (
     group_alive,
     llama_server_command,
     llama_server_python,
+    needs_llama_server,
     smollm2_gguf,
 )
 
 LLAMA_PYTHON = llama_server_python()
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        LLAMA_PYTHON is None,
-        reason="llama-cpp-python's server is not installed here (make .venv/.llama-server) and "
-        "COORDGAP_LLAMA_PYTHON names no Python that has it",
-    ),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_llama_server]
 
 # llama-cpp-python's server reads its key from API_KEY and has no /health.
 SERVER = {"key_env": "API_KEY", "health": "/v1/models", "start_timeout_s": 120.0}
@@ -150,9 +143,7 @@ with launch(**settings) as endpoint:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_no_server_outlives_its_job(signum):
     settings = json.dumps({"command": _command(), **SERVER})
-    job = subprocess.Popen(
-        [sys.executable, "-c", JOB, settings], stdout=subprocess.PIPE, text=True
-    )
+    job = subprocess.Popen([sys.executable, "-c", JOB, settings], stdout=subprocess.PIPE, text=True)
     server = int(job.stdout.readline())
     try:
         assert group_alive(server)

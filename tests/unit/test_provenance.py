@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -14,7 +13,7 @@ from coordgap.analysis.provenance import (
     output_identity,
     write_record,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, changed
 
 pytestmark = pytest.mark.unit
 
@@ -39,16 +38,6 @@ def records(tmp_path):
         write_record(path, output_identity(PAPER, kind, name), root=ROOT)
         paths.append(path)
     return paths
-
-
-def _changed(dotted: str, value) -> dict:
-    config = copy.deepcopy(PAPER)
-    *parents, leaf = dotted.split("/")
-    node = config
-    for key in parents:
-        node = node[key]
-    node[leaf] = value
-    return config
 
 
 def test_a_record_says_where_its_output_comes_from(records):
@@ -94,7 +83,7 @@ def test_a_record_says_where_its_output_comes_from(records):
     ],
 )
 def test_outputs_of_another_config_are_refused_and_named(records, dotted, value, stale):
-    config = _changed(dotted, value)
+    config = changed(PAPER, dotted, value)
     if not stale:
         check_records(config, records)
         return

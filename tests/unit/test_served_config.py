@@ -10,22 +10,11 @@ import yaml
 from coordgap.config import ConfigError, EnvironmentConfig, ModelSpec, check_cross_keys
 from coordgap.env.observation import PromptTemplates
 from coordgap.policies.factory import open_policy_factory
-from tests.conftest import ROOT
+from tests.conftest import ROOT, changed
 
 pytestmark = pytest.mark.unit
 
 PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
-
-
-def _changed(path: str, value) -> dict:
-    """The paper config with the key at ``path`` (dotted, model names contain no dots here)."""
-    config = copy.deepcopy(PAPER)
-    *parents, leaf = path.split("/")
-    node = config
-    for key in parents:
-        node = node[key]
-    node[leaf] = value
-    return config
 
 
 @pytest.mark.parametrize(
@@ -58,7 +47,7 @@ def _changed(path: str, value) -> dict:
 def test_a_served_model_config_is_refused_naming_the_key(path, value, named):
     check_cross_keys(copy.deepcopy(PAPER))
     with pytest.raises(ConfigError, match="config key") as refused:
-        check_cross_keys(_changed(path, value))
+        check_cross_keys(changed(PAPER, path, value))
     assert named in str(refused.value)
 
 

@@ -10,7 +10,7 @@ import yaml
 from snakemake.utils import validate
 
 from coordgap.config import cell_episodes, check_cross_keys, unfilled_keys
-from tests.conftest import ROOT, copy_workflow, dry_run_jobs, planned, run
+from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, dry_run_jobs, planned, run
 
 pytestmark = pytest.mark.workflow
 
@@ -32,19 +32,8 @@ PAPER_JOBS = {
     "evaluate_checkpoint": 34,
     "select_checkpoints": 2,
     "test_checkpoint": 6,
-    "compute_stats": 1,
-    "compare_models": 1,
-    "compute_power": 1,
-    "compute_monitors": 1,
-    "plot_reward": 2,
-    "plot_deadlock": 1,
-    "plot_reward_vs_meals": 2,
-    "plot_components": 2,
-    "plot_meals_by_seat": 1,
-    "plot_timeline": 1,
+    **ANALYSIS_JOBS,
     "plot_training": 2,
-    "write_report": 1,
-    "all": 1,
 }
 GRID_RULES = ("generate_episodes", "generate_served_episodes", "test_checkpoint")
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
-from tests.conftest import ROOT, copy_workflow, planned, run, tiny_training_config
+from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, planned, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
 
@@ -23,16 +23,7 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "generate_episodes": 18,
         "prepare_model": 1,
         "write_model_manifest": 1,
-        "compute_stats": 1,
-        "compare_models": 1,
-        "compute_power": 1,
-        "compute_monitors": 1,
-        "plot_reward": 2,
-        "plot_deadlock": 1,
-        "plot_reward_vs_meals": 2,
-        "plot_components": 2,
-        "plot_meals_by_seat": 1,
-        "plot_timeline": 1,
+        **ANALYSIS_JOBS,
         "train_grpo": 1,
         # Checkpoints 0 to 6 each validated; last and best_val each tested at 3 sizes.
         "evaluate_checkpoint": 7,
@@ -40,8 +31,6 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "summarize_selection": 1,
         "test_checkpoint": 6,
         "plot_training": 1,
-        "write_report": 1,
-        "all": 1,
     }, result.stdout
 
 
