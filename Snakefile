@@ -2,6 +2,7 @@
 #
 #   snakemake --cores 8 all                          # local, the embedded CPU default
 #   snakemake --workflow-profile profiles/slurm all  # GPU jobs on a SLURM cluster
+#   snakemake -n --configfile config/paper.yaml      # the paper's study instead of the default
 #
 # Rules wire, src/coordgap computes, workflow/scripts adapt (DESIGN.md §1, §8).
 

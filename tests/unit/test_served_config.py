@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from coordgap.config import ConfigError, EnvironmentConfig, ModelSpec, check_cross_keys
 from coordgap.env.observation import PromptTemplates
 from coordgap.policies.factory import open_policy_factory
+from coordgap.policies.serving import listen_address
 from tests.conftest import ROOT, changed
 
 pytestmark = pytest.mark.unit
@@ -62,3 +64,10 @@ def test_a_job_refuses_a_placeholder_before_it_opens_anything(monkeypatch):
         open_policy_factory(model, env, templates, None),
     ):
         pytest.fail("a job opened a model whose name is a placeholder")
+
+
+def test_a_server_listens_on_loopback_unless_a_profile_asks_for_the_node():
+    assert listen_address("loopback") == "127.0.0.1"
+    assert ipaddress.ip_address(listen_address("node")).version == 4
+    with pytest.raises(ValueError, match="serve_host must be one of loopback, node"):
+        listen_address("0.0.0.0")
