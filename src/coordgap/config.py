@@ -302,6 +302,18 @@ def template_fields(template: Sequence[str]) -> set[str]:
     }
 
 
+def completion_limit(entry: dict[str, Any]) -> int:
+    """Tokens a language model may write per decision: ``max_new_tokens`` or ``max_tokens``.
+
+    Args:
+        entry: A ``local`` or ``openai`` entry of ``models:``.
+
+    Returns:
+        The limit.
+    """
+    return int(entry["max_new_tokens"] if entry["kind"] == "local" else entry["max_tokens"])
+
+
 def is_served(entry: dict[str, Any]) -> bool:
     """Whether a model is played through a server its own job starts (``serve:``)."""
     return entry["kind"] == "openai" and entry["serve"] is not None

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from coordgap.config import completion_limit
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.training._art import art
 from coordgap.training.grpo import UpdateStats
@@ -177,7 +178,7 @@ class ArtTrainer:
             api_key_env=API_KEY_ENV,
             temperature=self.run.temperature,
             top_p=1.0,
-            max_tokens=self._base["max_new_tokens"],
+            max_tokens=completion_limit(self._base),
             extra_body={"chat_template_kwargs": {"enable_thinking": False}},
             tool_choice="auto",
             timeout_s=1200.0,
