@@ -56,10 +56,10 @@ rule models:
 
 rule train:
     input:
-        training_targets(),
+        "results/train/index.json",
 
 
 rule evaluate:
     input:
-        selection_targets(),
-        test_targets(),
+        "results/eval/index.json",
+        "results/test/index.json",

@@ -79,6 +79,9 @@ localrules:
     models,
     train,
     evaluate,
+    index_training,
+    index_selections,
+    index_tests,
     select_checkpoint,
     summarize_selection,
     write_model_manifest,
@@ -298,8 +301,9 @@ def final_targets():
     ]
     return [
         "resources/models/manifest.json",
-        *training_targets(),
-        *selection_targets(),
+        "results/train/index.json",
+        "results/eval/index.json",
+        "results/test/index.json",
         *expand(
             "results/stats/{table}.csv",
             table=[

@@ -131,3 +131,35 @@ rule test_checkpoint:
         CONDA_ENV
     script:
         "../workflow/scripts/test_checkpoint.py"
+
+
+rule index_selections:
+    input:
+        outputs=selection_targets(),
+        code=src_files("data.py"),
+    output:
+        "results/eval/index.json",
+    log:
+        "logs/index_selections/index_selections.log",
+    benchmark:
+        "logs/index_selections/index_selections.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/write_index.py"
+
+
+rule index_tests:
+    input:
+        outputs=test_targets(),
+        code=src_files("data.py"),
+    output:
+        "results/test/index.json",
+    log:
+        "logs/index_tests/index_tests.log",
+    benchmark:
+        "logs/index_tests/index_tests.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/write_index.py"

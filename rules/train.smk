@@ -43,3 +43,19 @@ rule train_grpo:
         CONDA_ENV
     script:
         "../workflow/scripts/train_grpo.py"
+
+
+rule index_training:
+    input:
+        outputs=training_targets(),
+        code=src_files("data.py"),
+    output:
+        "results/train/index.json",
+    log:
+        "logs/index_training/index_training.log",
+    benchmark:
+        "logs/index_training/index_training.benchmark.tsv"
+    conda:
+        CONDA_ENV
+    script:
+        "../workflow/scripts/write_index.py"

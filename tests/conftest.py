@@ -74,6 +74,10 @@ ANALYSIS_JOBS = {
     "plot_timeline": 1,
     "write_report": 1,
     "all": 1,
+    # The phase folders' tables of contents (DVC tracks the folders).
+    "index_training": 1,
+    "index_selections": 1,
+    "index_tests": 1,
 }
 # The header of a job in Snakemake's output: "rule x:" or "localrule x:".
 JOB_HEADER = re.compile(r"^(local)?rule (\w+):$")

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from coordgap.env.protocols import Tool
 from coordgap.env.reward import RewardVariant
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 CALL_COLUMNS = tuple(f"calls_{tool.value}" for tool in Tool)
 
@@ -173,6 +178,20 @@ def table_generator(seed: int) -> np.random.Generator:
     can be replayed from its seed and its recorded decisions (``coordgap.analysis.timeline``).
     """
     return np.random.default_rng(seed)
+
+
+def write_index(paths: Sequence[str | Path], out: str | Path) -> None:
+    """Write a phase folder's table of contents: the sorted paths of its outputs, as JSON.
+
+    DVC tracks each phase's folder as an output, so the folder must exist even when a study
+    has nothing for the phase (no training run); the index is always there, and says what the
+    phase produced.
+
+    Args:
+        paths: The phase's outputs.
+        out: The index file.
+    """
+    Path(out).write_text(json.dumps({"outputs": sorted(map(str, paths))}, indent=2) + "\n")
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: str | Path) -> None:

@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 Decoding = Literal["constrained", "free"]
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-# PyTorch's fused attention (the trainer uses it too). It takes the packed rows' arbitrary 4D
+# PyTorch's fused attention. It takes the packed rows' arbitrary 4D
 # masks, and on a CPU it decides about 1.4x faster than eager attention, which materialises
 # every score and its float32 softmax (benchmarks/README.md, "Numerics").
 ATTENTION = "sdpa"

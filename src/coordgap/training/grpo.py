@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coordgap.policies.local import ATTENTION, DTYPES, LocalChatModel
+from coordgap.policies.local import DTYPES, LocalChatModel
 from coordgap.training._art import art
 
 if TYPE_CHECKING:
@@ -116,10 +116,11 @@ class TorchGRPOTrainer:
         self.run = run
         self._base = base
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
-        # The sampler's attention: the fewer kernels differ, the closer the trainer's
-        # log-probs come to the sampler's.
+        # Eager attention, unlike the sampler's SDPA: PyTorch's fused CPU attention is slow
+        # backwards (a row took 1.4 s against eager's 1.2 s); the two agree to the bf16 bound
+        # benchmarks/README.md states for the importance ratio.
         base = AutoModelForCausalLM.from_pretrained(
-            weights, dtype=DTYPES[base["dtype"]], attn_implementation=ATTENTION
+            weights, dtype=DTYPES[base["dtype"]], attn_implementation="eager"
         ).to(device)
         if adapter is None:
             lora = LoraConfig(
