@@ -173,15 +173,14 @@ def main() -> None:
     args = parser.parse_args()
     prepare_model(SOURCE, MODEL_DIR)
 
+    # First, as it is the quickest to fail: one group timed inside a Snakemake job.
+    job = run_in_snakemake("decisions", cores=torch.get_num_threads())
     peaks = {"bfloat16": matmul_peak(torch.bfloat16), "float32": matmul_peak(torch.float32)}
     grouping = {
         dtype: time_groups(dtype, GROUPS, args.repeats, args.decisions)
         for dtype in args.dtypes.split(",")
     }
     costs = cell_costs(SIZES, args.episodes)
-    job_json = RESULTS / "job_decisions.json"
-    run_in_snakemake(str(job_json), cores=torch.get_num_threads())
-    job = json.loads(job_json.read_text())
 
     rows = []
     for dtype, result in grouping.items():

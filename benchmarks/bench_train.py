@@ -100,12 +100,11 @@ def time_step(groups_per_step: int, episodes_per_group: int) -> dict[str, Any]:
 
 def main() -> None:
     prepare_model(SOURCE, MODEL_DIR)
+    # First, as it is the quickest to fail: one group's step timed inside a Snakemake job.
+    job = run_in_snakemake("update", cores=torch.get_num_threads())
     peak = matmul_peak(torch.bfloat16)
     entry = CONFIG["training"]["runs"]["smollm2-grpo"]
     step = time_step(entry["groups_per_step"], entry["episodes_per_group"])
-    job_json = RESULTS / "job_update.json"
-    run_in_snakemake(str(job_json), cores=torch.get_num_threads())
-    job = json.loads(job_json.read_text())
     update = step["update"]
     print(f"bf16 matmul peak {peak / 1e9:.0f} GFLOP/s; {step['torch_threads']} threads\n")
     print("| part | seconds | work | rate |\n|---|---|---|---|")

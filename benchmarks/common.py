@@ -6,6 +6,7 @@ shared and noisy): ``matmul_peak`` is the best rate of a large matrix product in
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -50,9 +51,7 @@ def linear_parameters(model: torch.nn.Module) -> int:
     """
     decoder = model.get_decoder()
     return sum(
-        module.weight.numel()
-        for module in decoder.modules()
-        if isinstance(module, torch.nn.Linear)
+        module.weight.numel() for module in decoder.modules() if isinstance(module, torch.nn.Linear)
     )
 
 
@@ -83,13 +82,17 @@ def table_prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
     return [templates.messages(observe(table, seat, 2, 5)) for seat in range(n)]
 
 
-def run_in_snakemake(target: str, cores: int) -> None:
-    """Build ``target`` of ``benchmarks/workflow/Snakefile``: the timing runs inside a job.
+def run_in_snakemake(rule: str, cores: int) -> dict[str, Any]:
+    """Run ``rule`` of ``benchmarks/workflow/Snakefile``: the timing then runs inside a job.
 
     The job gets ``cores`` threads, and Snakemake sets its thread variables from them, as for
     every model job of the pipeline.
+
+    Returns:
+        What the job measured (its JSON output).
     """
     snakemake = Path(sys.executable).parent / "snakemake"
     snakefile = ROOT / "benchmarks" / "workflow" / "Snakefile"
-    command = [str(snakemake), "-s", str(snakefile), "--cores", str(cores), "--forceall", target]
-    subprocess.run(command, cwd=ROOT, check=True)
+    command = [str(snakemake), "-s", str(snakefile), "--cores", str(cores), "--forcerun", rule]
+    subprocess.run([*command, "--", rule], cwd=ROOT, check=True)
+    return json.loads((RESULTS / f"job_{rule}.json").read_text())

@@ -157,9 +157,16 @@ def model_gpus(wildcards):
 
 
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
-# at most the machine's; profiles/slurm caps it with max-threads). Snakemake sets the job's
-# OMP/MKL thread variables to this, and torch uses exactly that many.
-MODEL_THREADS = min(workflow.cores, available_cpu_count())
+# at most the machine's). Snakemake sets the job's OMP/MKL thread variables to this, and torch
+# uses exactly that many. A cluster run has no --cores: such a job asks the scheduler for
+# CLUSTER_MODEL_THREADS CPUs (profiles/slurm's set-threads may change it per rule), and on its
+# node Snakemake runs it with the CPUs it was given (--cores all).
+CLUSTER_MODEL_THREADS = 4
+MODEL_THREADS = (
+    CLUSTER_MODEL_THREADS
+    if workflow.resource_settings.cores is None
+    else min(workflow.resource_settings.cores, available_cpu_count())
+)
 
 
 def model_threads(wildcards):

@@ -97,17 +97,22 @@ def signal_when(
         Snakemake's exit status and the seconds from the signal until every process of the
         group (Snakemake and its job) had exited.
     """
-    job = subprocess.Popen(
-        [str(Path(sys.executable).parent / "snakemake"), "--cores", str(cores), target],
-        cwd=project,
-        env=tool_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # Snakemake's output goes to a file beside the project, to explain a job that ended early.
+    output = project.with_name(f"{project.name}.snakemake.out")
+    with output.open("wb") as sink:
+        job = subprocess.Popen(
+            [str(Path(sys.executable).parent / "snakemake"), "--cores", str(cores), target],
+            cwd=project,
+            env=tool_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while not ready():
-        assert job.poll() is None, "the job ended before it could be signalled"
+        assert job.poll() is None, (
+            f"the job ended before it could be signalled:\n{output.read_text()[-3000:]}"
+        )
         assert time.monotonic() < deadline, "the job never got ready to be signalled"
         time.sleep(0.05)
     sent = time.monotonic()

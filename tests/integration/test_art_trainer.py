@@ -102,9 +102,7 @@ def test_a_served_reply_becomes_a_trajectory_art_tokenizes(smollm2_dir) -> None:
     body = json.dumps(completion_body("served", [choice])).encode()
     messages = [{"role": "system", "content": "You dine."}, {"role": "user", "content": "Eat?"}]
     with FaultServer([raw(body)]) as server:
-        model = OpenAICompatible(
-            model="served", base_url=server.base_url, record_transcripts=True
-        )
+        model = OpenAICompatible(model="served", base_url=server.base_url, record_transcripts=True)
         decision = asyncio.run(model.decide(messages, SIX, 0))
         assert server.requests[0].body["logprobs"] is True
     assert decision.tool is Tool.EAT

@@ -32,7 +32,11 @@ def _config() -> dict:
     config = yaml.safe_load(TINY_CONFIG.read_text())
     config["models"] = {"random": {"kind": "scripted", "policy": "random"}}
     config["experiment"] = {"sizes": [6], "episodes_per_cell": 300}
-    config["analysis"] = {**config["analysis"], "comparisons": []}
+    config["analysis"] = {
+        **config["analysis"],
+        "comparisons": [],
+        "timeline": {"model": "random", "n": 6, "episode": 0},
+    }
     return config
 
 
@@ -106,7 +110,11 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
     quick = calls_per_episode * in_flight
     config = dict(tiny_config)
     config["experiment"] = {"sizes": [3], "episodes_per_cell": episodes}
-    config["analysis"] = {**tiny_config["analysis"], "comparisons": []}
+    config["analysis"] = {
+        **tiny_config["analysis"],
+        "comparisons": [],
+        "timeline": {"model": "slow", "n": 3, "episode": 0},
+    }
     target = "results/episodes/slow/n3.parquet"
     with FaultServer([*[ok("think")] * quick, hang(120.0)]) as server:
         config["models"] = {

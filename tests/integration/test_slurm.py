@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import JOB_HEADER, ROOT, copy_workflow, dry_run_jobs, run
+from tests.conftest import JOB_HEADER, ROOT, copy_workflow, dry_run_jobs, run, tiny_training_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.slurm]
 
@@ -38,17 +38,21 @@ TEST_CLUSTER_FLAGS = (
 )
 # Rules of the tiny run that go to sbatch, and the localrules (rules/common.smk) it runs.
 CLUSTER_RULES = {"generate_episodes", "compute_stats", "compare_models", "compute_monitors"}
-LOCAL_RULES = {"all", "write_model_manifest", "compute_power", "write_report"} | {
-    f"plot_{figure}"
-    for figure in (
-        "reward",
-        "deadlock",
-        "reward_vs_meals",
-        "components",
-        "meals_by_seat",
-        "timeline",
-    )
-}
+LOCAL_RULES = (
+    {"all", "write_model_manifest", "compute_power", "write_report"}
+    | {f"index_{phase}" for phase in ("training", "selections", "tests")}
+    | {
+        f"plot_{figure}"
+        for figure in (
+            "reward",
+            "deadlock",
+            "reward_vs_meals",
+            "components",
+            "meals_by_seat",
+            "timeline",
+        )
+    }
+)
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 
 
@@ -202,3 +206,62 @@ def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_conf
     for rule in ("write_report", "plot_reward"):
         for _, resources in by_rule[rule]:
             assert (resources["mem_mb"], resources["runtime"]) == ("2000", "30"), rule
+
+
+# What a 2-CPU test node without a GPU can give the model rules of profiles/slurm. These
+# options take lists: the target goes before them.
+MODEL_RULES = ("generate_episodes", "train_grpo", "evaluate_checkpoint", "test_checkpoint")
+SMALL_NODE = (
+    "--set-resources",
+    "prepare_model:mem_mb=4000",
+    *(f"{rule}:{key}" for rule in MODEL_RULES for key in ("gpu=0", "mem_mb=6000", "runtime=60")),
+    "--set-threads",
+    *(f"{rule}=2" for rule in MODEL_RULES),
+)  # fmt: skip
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_dir):
+    """The tiny trained study, every phase through sbatch: train, validate, select, test."""
+    project = copy_workflow(tmp_path / "project", tiny_training_config(smollm2_dir))
+    result = run(
+        project, "snakemake", "all", *PROFILE, *TEST_CLUSTER_FLAGS, *SMALL_NODE, check=False
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log
+    jobs = _jobs(log)
+    submitted = {job: slurm_id for job, slurm_id, _ in SUBMITTED.findall(log)}
+    rules = sorted(jobs[job][0] for job in submitted)
+    for rule, count in [
+        ("train_grpo", 1),
+        ("evaluate_checkpoint", 3),
+        ("select_checkpoint", 0),  # a localrule: it reads two small tables
+        ("test_checkpoint", 2),
+        ("generate_episodes", 2),
+    ]:
+        assert rules.count(rule) == count, (rule, rules)
+    for slurm_id in submitted.values():
+        record = _scontrol_job(slurm_id)
+        assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), record
+    results = project / "results"
+    assert (results / "train/tiny-grpo/checkpoints/step_0002/adapter_model.safetensors").exists()
+    assert (results / "test/tiny-grpo@best_val/n3.parquet").exists()
+    assert "## Training and checkpoint selection" in (results / "report.md").read_text()
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_a_job_that_fails_on_the_cluster_is_reported_with_its_log(tmp_path, tiny_config):
+    config = _small_config(tiny_config)
+    # A local model whose weights are nowhere: its preparation fails on the cluster.
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["models"]["lost"] = {**default["models"]["smollm2-135m"], "source": "/nowhere/lost"}
+    project = copy_workflow(tmp_path / "project", config)
+    result = run(project, "snakemake", "all", *PROFILE, *TEST_CLUSTER_FLAGS, *SMALL_NODE,
+                 check=False)  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Error in rule prepare_model" in log, log
+    # The job's own log is printed (show-failed-logs), naming what went wrong.
+    assert "/nowhere/lost" in log, log
+    # keep-going: the other cells still ran on the cluster.
+    assert (project / "results/episodes/resource_hierarchy/n3.parquet").exists()

@@ -127,9 +127,7 @@ def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
     def mid_step() -> bool:
         return _committed(stopped) == 1 and not list(rollouts.glob("step_0001*"))
 
-    status, seconds = signal_when(
-        stopped, TARGET, mid_step, signal.SIGTERM, cores=2, timeout_s=600
-    )
+    status, seconds = signal_when(stopped, TARGET, mid_step, signal.SIGTERM, cores=2, timeout_s=600)
     assert status != 0
     assert seconds < EXIT_WITHIN_S
     assert _committed(stopped) == 1

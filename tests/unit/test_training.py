@@ -111,9 +111,7 @@ def test_a_step_with_nothing_trainable_changes_nothing(smollm2_dir: Path) -> Non
     trainer = TorchGRPOTrainer(smollm2_dir, tiny_run(), BASE)
     decision = forced(trainer, table_conversations(3)[0], Tool.EAT)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora" in k}
-    stats = trainer.update(
-        [art.TrajectoryGroup([trajectory_of(decision, 1.0) for _ in range(2)])]
-    )
+    stats = trainer.update([art.TrajectoryGroup([trajectory_of(decision, 1.0) for _ in range(2)])])
     assert (stats.groups, stats.groups_trainable, stats.rows, stats.trajectories) == (1, 0, 0, 0)
     after = trainer.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -25,8 +25,8 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "write_model_manifest": 1,
         **ANALYSIS_JOBS,
         "train_grpo": 1,
-        # Checkpoints 0 to 6 each validated; last and best_val each tested at 3 sizes.
-        "evaluate_checkpoint": 7,
+        # Checkpoints 0, 2 and 4 validated; last and best_val each tested at 3 sizes.
+        "evaluate_checkpoint": 3,
         "select_checkpoint": 2,
         "summarize_selection": 1,
         "test_checkpoint": 6,
@@ -193,3 +193,23 @@ def _assert_refused(tmp_path, config: dict, named: str) -> None:
     assert named in output, output
     assert not (project / "results").exists()
     assert "jobid" not in output
+
+
+@pytest.mark.parametrize(
+    ("config_file", "runs", "evaluations", "tests"),
+    [
+        # paper, shaped and curriculum; checkpoints 0, 2 and 4 of each; 2 policies x 3 sizes.
+        ("config/interventions.yaml", 3, 9, 18),
+        # The paper's 16 steps, every checkpoint validated.
+        ("config/paper_recipe.yaml", 1, 17, 6),
+    ],
+)
+def test_the_intervention_and_recipe_configs_plan_their_runs(
+    tmp_path, config_file, runs, evaluations, tests
+):
+    project = copy_workflow(tmp_path / "project")
+    result = run(project, "snakemake", "-n", "all", "--configfile", config_file)
+    planned_jobs = planned(result.stdout)
+    assert planned_jobs["train_grpo"] == runs
+    assert planned_jobs["evaluate_checkpoint"] == evaluations
+    assert planned_jobs["test_checkpoint"] == tests

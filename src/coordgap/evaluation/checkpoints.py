@@ -38,9 +38,7 @@ def step_label(step: int) -> str:
     return f"step_{step:04d}"
 
 
-def checkpoint_model(
-    name: str, base: dict[str, Any], checkpoints: Path, step: int
-) -> ModelSpec:
+def checkpoint_model(name: str, base: dict[str, Any], checkpoints: Path, step: int) -> ModelSpec:
     """The base model (its ``models:`` entry) with a checkpoint's LoRA adapter, renamed."""
     return ModelSpec.from_dict(name, {**base, "adapter": str(checkpoints / step_label(step))})
 
@@ -130,6 +128,6 @@ def write_json(value: Any, path: Path) -> None:
 
 
 def _concat(paths: Sequence[Path]) -> pl.DataFrame:
-    return pl.concat(
-        [pl.read_parquet(path) for path in paths], how="vertical"
-    ).cast(TABLE_SCHEMAS["episodes"])
+    return pl.concat([pl.read_parquet(path) for path in paths], how="vertical").cast(
+        TABLE_SCHEMAS["episodes"]
+    )

@@ -19,7 +19,6 @@ def write_manifest(folders: list[str | Path], out: str | Path) -> None:
         out: The manifest to write.
     """
     manifest = {
-        Path(folder).name: json.loads((Path(folder) / PROVENANCE).read_text())
-        for folder in folders
+        Path(folder).name: json.loads((Path(folder) / PROVENANCE).read_text()) for folder in folders
     }
     Path(out).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

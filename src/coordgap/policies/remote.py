@@ -230,9 +230,7 @@ class OpenAICompatible:
                 tokens_in=usage.get("input_tokens", 0),
                 tokens_out=usage.get("output_tokens", 0),
                 latency_s=time.perf_counter() - start,
-                transcript=_transcript(messages, tools, reply)
-                if self.record_transcripts
-                else None,
+                transcript=_transcript(messages, tools, reply) if self.record_transcripts else None,
             )
 
     @property

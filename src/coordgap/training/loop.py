@@ -358,9 +358,7 @@ def train(
                     write_parquet_atomic(
                         frame, rollout_path(work.outputs.rollouts(work.root), step, table)
                     )
-                write_parquet_atomic(
-                    pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step)
-                )
+                write_parquet_atomic(pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step))
                 work.save_checkpoint(trainer, step + 1)
                 work.commit(step + 1)
             loss = "-" if math.isnan(stats.loss) else f"{stats.loss:.4f}"
@@ -396,9 +394,7 @@ def open_trainer(
 
     if step is None:
         return TorchGRPOTrainer(weights, run, base.entry)
-    return TorchGRPOTrainer(
-        weights, run, base.entry, work.checkpoint(step), work.optimizer(step)
-    )
+    return TorchGRPOTrainer(weights, run, base.entry, work.checkpoint(step), work.optimizer(step))
 
 
 def train_run(
