@@ -25,7 +25,7 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "write_model_manifest": 1,
         **ANALYSIS_JOBS,
         "train_grpo": 1,
-        # Checkpoints 0, 2 and 4 validated; last and best_val each tested at 3 sizes.
+        # Checkpoints 0, 2 and 3 validated; last and best_val each tested at 3 sizes.
         "evaluate_checkpoint": 3,
         "select_checkpoint": 2,
         "summarize_selection": 1,

@@ -9,13 +9,16 @@ a selected checkpoint plays the test scenarios at every N, as model ``<run>@<pol
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.agents.runner import generate_cell
-from coordgap.config import ModelSpec
+from coordgap.agents.runner import CellOutputs, generate_cell
+from coordgap.analysis.provenance import write_record
+from coordgap.config import EnvironmentConfig, ModelSpec
 from coordgap.data import TABLE_SCHEMAS
+from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
     SelectionPolicy,
     estimates,
@@ -26,11 +29,8 @@ from coordgap.evaluation.selection import (
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from pathlib import Path
 
-    from coordgap.agents.runner import CellOutputs
-    from coordgap.config import EnvironmentConfig, TrainingRunConfig
-    from coordgap.env.observation import PromptTemplates
+    from coordgap.config import TrainingRunConfig
 
 
 def step_label(step: int) -> str:
@@ -88,6 +88,42 @@ def play_checkpoint(
         checkpoint=step_label(step),
         serve_host=serve_host,
     )
+
+
+def play_checkpoint_job(job: Any, name: str, step: int, n: int, episodes: int) -> None:
+    """Play a checkpoint's cell as a job of rule evaluate_checkpoint or test_checkpoint.
+
+    The two rules declare the same inputs, params, outputs and resources (rules/evaluate.smk);
+    they differ in the model name, the checkpoint, N and the episode count, which the adapter
+    works out. The job's provenance record is written last, beside the episodes.
+
+    Args:
+        job: The ``snakemake`` object of the job's script.
+        name: The model name the episodes carry.
+        step: The checkpoint.
+        n: Number of philosophers.
+        episodes: Episodes to play.
+    """
+    play_checkpoint(
+        name=name,
+        base=job.params.base,
+        checkpoints=Path(job.input.checkpoints),
+        step=step,
+        n=n,
+        env=EnvironmentConfig.from_dict(job.params.environment),
+        episodes=episodes,
+        base_seed=job.params.seed,
+        first_scenario=job.params.first_scenario,
+        weights=Path(job.input.weights),
+        templates=PromptTemplates.load(job.input.prompts),
+        outputs=CellOutputs(
+            episodes=Path(job.output.episodes),
+            steps=Path(job.output.steps),
+            transcripts=Path(job.output.transcripts),
+        ),
+        serve_host=job.resources.serve_host,
+    )
+    write_record(job.output.provenance, job.params.provenance, root=Path.cwd())
 
 
 def chosen_step(choice_json: Path) -> int:
