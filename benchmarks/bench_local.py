@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -41,15 +40,15 @@ import torch
 import yaml
 from common import (
     MODEL_DIR,
-    RESULTS,
     ROOT,
     SOURCE,
     TOOLS6,
+    job_threads,
     linear_parameters,
-    machine,
     matmul_peak,
     run_in_snakemake,
     table_prompts,
+    write_results,
 )
 
 from coordgap.agents.runner import Cell, CellOutputs, run_cell
@@ -219,28 +218,19 @@ def main() -> None:
         c["per_decision"] for c in costs.values()
     )
     print(f"\nlargest / smallest s/decision across N: {spread:.2f}")
-    print(
-        f"inside a Snakemake job (threads {job['rule_threads']}, torch threads "
-        f"{job['torch_threads']}): group of 5 at {job['ms_per_decision']:.0f} ms/decision"
-    )
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "local.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "model": {"source": SOURCE},
-                "matmul_peak_flops": peaks,
-                "grouping": grouping,
-                "rows": rows,
-                "cost_per_n": costs,
-                "cost_spread": spread,
-                "in_snakemake_job": job,
-                "targets": {"grouped_vs_alone": TARGET_RATIO, "fraction_of_bf16_peak": TARGET_PEAK},
-            },
-            indent=2,
-        )
-        + "\n"
+    print(f"{job_threads(job)}: group of 5 at {job['ms_per_decision']:.0f} ms/decision")
+    write_results(
+        "local",
+        {
+            "model": {"source": SOURCE},
+            "matmul_peak_flops": peaks,
+            "grouping": grouping,
+            "rows": rows,
+            "cost_per_n": costs,
+            "cost_spread": spread,
+            "in_snakemake_job": job,
+            "targets": {"grouped_vs_alone": TARGET_RATIO, "fraction_of_bf16_peak": TARGET_PEAK},
+        },
     )
 
 

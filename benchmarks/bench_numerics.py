@@ -29,10 +29,9 @@ import sys
 import time
 from typing import Any
 
-import torch
 import yaml
 from bench_local import decide_in_groups
-from common import MODEL_DIR, RESULTS, ROOT, SOURCE, machine, table_prompts
+from common import MODEL_DIR, ROOT, SOURCE, machine, table_prompts, write_results
 
 from coordgap.config import TrainingRunConfig
 from coordgap.models.prepare import prepare_model
@@ -80,19 +79,13 @@ def measure(dtype: str) -> dict[str, Any]:
     )
     random.seed(0)
     packed, _ = trainer.rows([group])
-    old, new = [], []
-    with torch.no_grad():
-        for index in range(packed["tokens"].shape[0]):
-            inputs = trainer.row(packed, index)
-            sampled = inputs["assistant_mask"][0]
-            new += trainer.token_log_probs(inputs)[0, :-1][sampled[1:]].tolist()
-            old += inputs["logprobs"][0, sampled].tolist()
+    gaps = trainer.sampler_gaps(packed)
     return {
         "ms_per_decision_grouped": 1000 * seconds[5] / len(chats),
         "ms_per_decision_alone": 1000 * seconds[1] / len(chats),
         "tools_equal_grouped_alone": len(same) == len(chats),
         "grouped_vs_alone": _spread(grouped, alone),
-        "sampler_vs_trainer": _spread(old, new),
+        "sampler_vs_trainer": {"max": max(gaps), "mean": sum(gaps) / len(gaps)},
     }
 
 
@@ -143,10 +136,7 @@ def main() -> None:
         }  # fmt: skip
         print(f"{dtype} on every path: largest {bounds[dtype]['largest']:.3g}, "
               f"mean up to {bounds[dtype]['mean']:.3g}")  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "numerics.json").write_text(
-        json.dumps({"machine": machine(), "rows": results, "bounds": bounds}, indent=2) + "\n"
-    )
+    write_results("numerics", {"rows": results, "bounds": bounds})
 
 
 if __name__ == "__main__":

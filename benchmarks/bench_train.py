@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import random
 import time
 from typing import Any
@@ -33,13 +32,13 @@ import torch
 import yaml
 from common import (
     MODEL_DIR,
-    RESULTS,
     ROOT,
     SOURCE,
+    job_threads,
     linear_parameters,
-    machine,
     matmul_peak,
     run_in_snakemake,
+    write_results,
 )
 
 from coordgap.config import EnvironmentConfig, TrainingRunConfig
@@ -74,13 +73,7 @@ def time_step(groups_per_step: int, episodes_per_group: int) -> dict[str, Any]:
             trajectory.reward = float(trajectory.metadata["episode"])
     random.seed(0)
     packed, _ = trainer.rows(groups)
-    noise = []
-    with torch.no_grad():
-        for index in range(packed["tokens"].shape[0]):
-            inputs = trainer.row(packed, index)
-            sampled = inputs["assistant_mask"][0]
-            new = trainer.token_log_probs(inputs)[0, :-1][sampled[1:]]
-            noise += (new - inputs["logprobs"][0, sampled]).abs().tolist()
+    noise = trainer.sampler_gaps(packed)
     random.seed(0)
     stats = trainer.update(groups)
     return {
@@ -123,24 +116,18 @@ def main() -> None:
         f"{noise['mean_abs_log_ratio']:.4f}, max {noise['max_abs_log_ratio']:.4f}"
     )
     print(
-        f"inside a Snakemake job (threads {job['rule_threads']}, torch threads "
-        f"{job['torch_threads']}): {job['tokens_per_s']:.0f} tokens/s = "
+        f"{job_threads(job)}: {job['tokens_per_s']:.0f} tokens/s = "
         f"{job['update_flops'] / peak:.0%} of bf16 peak"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "train.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "bf16_matmul_peak_flops": peak,
-                "step": step,
-                "fraction_of_bf16_peak": step["update_flops"] / peak,
-                "in_snakemake_job": job,
-                "target_fraction_of_bf16_peak": TARGET_PEAK,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        "train",
+        {
+            "bf16_matmul_peak_flops": peak,
+            "step": step,
+            "fraction_of_bf16_peak": step["update_flops"] / peak,
+            "in_snakemake_job": job,
+            "target_fraction_of_bf16_peak": TARGET_PEAK,
+        },
     )
 
 

@@ -82,6 +82,21 @@ def table_prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
     return [templates.messages(observe(table, seat, 2, 5)) for seat in range(n)]
 
 
+def write_results(name: str, results: dict[str, Any]) -> None:
+    """Write a benchmark's results, after the machine it ran on, to ``results/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine(), **results}
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def job_threads(job: dict[str, Any]) -> str:
+    """How a job of ``run_in_snakemake`` ran, for the printed summary."""
+    return (
+        f"inside a Snakemake job (threads {job['rule_threads']}, "
+        f"torch threads {job['torch_threads']})"
+    )
+
+
 def run_in_snakemake(rule: str, cores: int) -> dict[str, Any]:
     """Run ``rule`` of ``benchmarks/workflow/Snakefile``: the timing then runs inside a job.
 

@@ -240,6 +240,25 @@ class TorchGRPOTrainer:
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
         return out.index_put((torch.zeros_like(predicts_sampled), predicts_sampled), sampled)
 
+    def sampler_gaps(self, packed: PackedTensors) -> list[float]:
+        """|log p_trainer - log p_sampler| of every sampled token of the rows, updating nothing.
+
+        On the policy that sampled the rows, this is the importance ratio's numerical noise:
+        the trainer's forward pass against the sampler's recorded log-probs.
+
+        Args:
+            packed: Rows from ``rows``.
+
+        Returns:
+            One gap per sampled token, row by row.
+        """
+        gaps: list[float] = []
+        with torch.no_grad():
+            for index in range(packed["tokens"].shape[0]):
+                inputs = self.row(packed, index)
+                gaps += _sampled_gaps(inputs, self.token_log_probs(inputs)).tolist()
+        return gaps
+
     def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """One GRPO step: one AdamW step per packed row, as ART's LocalBackend takes them.
 
@@ -265,12 +284,10 @@ class TorchGRPOTrainer:
             )
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            sampled = inputs["assistant_mask"][0]
-            old = inputs["logprobs"][0, sampled]
-            ratio_logs.append((new[0, :-1][sampled[1:]].detach().cpu() - old).abs())
+            ratio_logs.append(_sampled_gaps(inputs, new))
             losses.append(loss.item())
             norms.append(norm.item())
-            tokens += sampled.numel()
+            tokens += inputs["tokens"].numel()
         self.model.eval()
         trained = {id(result.trajectory) for result in results}
         every = torch.cat(ratio_logs) if ratio_logs else torch.empty(0)
@@ -289,6 +306,12 @@ class TorchGRPOTrainer:
             ratio_log_first=_mean(ratio_logs[0].tolist()) if ratio_logs else math.nan,
             seconds=time.perf_counter() - start,
         )
+
+
+def _sampled_gaps(inputs: TrainInputs, new: torch.Tensor) -> torch.Tensor:
+    """|new - sampler log-prob| of a row's sampled tokens (``new`` from ``token_log_probs``)."""
+    sampled = inputs["assistant_mask"][0]
+    return (new[0, :-1][sampled[1:]].detach().cpu() - inputs["logprobs"][0, sampled]).abs()
 
 
 def _mean(values: list[float]) -> float:
