@@ -57,7 +57,7 @@ from coordgap.env.observation import PromptTemplates
 from coordgap.models.prepare import prepare_model
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.factory import open_policy_factory
-from coordgap.policies.local import LocalChatModel
+from coordgap.policies.local import LocalChatModel, shared_length
 
 if TYPE_CHECKING:
     from coordgap.policies.base import Decision
@@ -101,7 +101,7 @@ async def decide_in_groups(
 def tokens_run(model: LocalChatModel, decisions: list[Decision], prefix: int) -> int:
     """Tokens the decisions ran: prompt after the prefix, shared start once, each candidate's."""
     calls = [model._continuation(tool) for tool in TOOLS6]
-    shared = model._shared_length(TOOLS6)
+    shared = shared_length(calls)
     # The end-of-turn token of each candidate is only predicted, never run.
     per_decision = shared + sum(len(call) - shared - 1 for call in calls)
     return sum(d.tokens_in - prefix + per_decision for d in decisions)

@@ -8,11 +8,14 @@ two tables in groups of 5 (as simultaneous rounds) and one at a time, and report
 * ms per decision, grouped and alone;
 * grouped vs alone: the largest and mean |difference| of a sampled token's log-prob (same
   tool only);
-* sampler vs trainer: the same for the log-probs the GRPO trainer recomputes for the unchanged
-  policy (ART's rows, a plain forward pass): the noise of the importance ratio at step start.
+* sampler vs trainer, per token: the same for the chosen calls' token log-probs the GRPO
+  trainer recomputes for the unchanged policy (ART's rows, a plain forward pass);
+* sampler vs trainer, per decision: |log mu_theta(k) - log mu_old(k)|, the noise of the
+  importance ratio the trainer uses for constrained decisions at step start.
 
-The bounds the tests hold the local model to (``tests/unit/test_local_model.py``) come from
-these numbers. Usage: ``python benchmarks/bench_numerics.py [--caps default,AVX512_CORE,...]``.
+The bounds the tests hold the local model and the trainer to (``tests/unit/test_local_model.py``,
+``tests/unit/test_training.py``) come from these numbers.
+Usage: ``python benchmarks/bench_numerics.py [--caps default,AVX512_CORE,...]``.
 Writes ``benchmarks/results/numerics.json``. Takes about 10 minutes on 2 cores (bf16 without
 bf16 instructions is slow).
 """
@@ -31,9 +34,18 @@ from typing import Any
 
 import yaml
 from bench_local import decide_in_groups
-from common import MODEL_DIR, ROOT, SOURCE, machine, table_prompts, write_results
+from common import (
+    MODEL_DIR,
+    ROOT,
+    SOURCE,
+    machine,
+    table_prompts,
+    token_level,
+    write_results,
+)
 
 from coordgap.config import TrainingRunConfig
+from coordgap.episodes import transcript_row
 from coordgap.models.prepare import prepare_model
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
@@ -65,28 +77,29 @@ def measure(dtype: str) -> dict[str, Any]:
     same = [(a, b) for a, b in zip(decided[5], decided[1], strict=True) if a.tool == b.tool]
     grouped = [lp for a, _ in same for lp in a.transcript.logprobs]
     alone = [lp for _, b in same for lp in b.transcript.logprobs]
-    calls = [
-        {
-            "messages": json.dumps(list(d.transcript.messages)),
-            "completion": d.transcript.completion,
-            "token_ids": list(d.transcript.token_ids),
-            "logprobs": list(d.transcript.logprobs),
-        }
-        for d in decided[5]
-    ]
-    group = art.TrajectoryGroup(
-        [philosopher_trajectory([call], float(i), {"seat": i}) for i, call in enumerate(calls)]
-    )
-    random.seed(0)
-    packed, _ = trainer.rows([group])
-    gaps = trainer.sampler_gaps(packed)
+    calls = [transcript_row(d.transcript) for d in decided[5]]
+    gaps = {}
+    for level, rows in (("decision", calls), ("token", [token_level(c) for c in calls])):
+        group = art.TrajectoryGroup(
+            [
+                philosopher_trajectory([call], float(i), {"seat": i}, run.temperature)
+                for i, call in enumerate(rows)
+            ]
+        )
+        random.seed(0)
+        gaps[level] = trainer.sampler_gaps(trainer.rows([group]))
     return {
         "ms_per_decision_grouped": 1000 * seconds[5] / len(chats),
         "ms_per_decision_alone": 1000 * seconds[1] / len(chats),
         "tools_equal_grouped_alone": len(same) == len(chats),
         "grouped_vs_alone": _spread(grouped, alone),
-        "sampler_vs_trainer": {"max": max(gaps), "mean": sum(gaps) / len(gaps)},
+        "sampler_vs_trainer": _stats(gaps["token"]),
+        "decision_ratio": _stats(gaps["decision"]),
     }
+
+
+def _stats(gaps: list[float]) -> dict[str, float]:
+    return {"max": max(gaps), "mean": sum(gaps) / len(gaps)}
 
 
 def main() -> None:
@@ -115,15 +128,15 @@ def main() -> None:
             results.append({"cap": cap, "dtype": dtype, **json.loads(out)})
     print(
         "| ISA cap | dtype | ms/decision grouped | alone | grouped vs alone max / mean | "
-        "sampler vs trainer max / mean |"
+        "sampler vs trainer per token, max / mean | per decision, max / mean |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        g, s = r["grouped_vs_alone"], r["sampler_vs_trainer"]
+        g, s, d = r["grouped_vs_alone"], r["sampler_vs_trainer"], r["decision_ratio"]
         print(
             f"| {r['cap']} | {r['dtype']} | {r['ms_per_decision_grouped']:.0f} | "
             f"{r['ms_per_decision_alone']:.0f} | {g['max']:.2g} / {g['mean']:.1g} | "
-            f"{s['max']:.2g} / {s['mean']:.1g} |"
+            f"{s['max']:.2g} / {s['mean']:.1g} | {d['max']:.2g} / {d['mean']:.1g} |"
         )
     bounds = {}
     for dtype in args.dtypes.split(","):
@@ -134,8 +147,12 @@ def main() -> None:
             "mean": max(r[k]["mean"] for r in rows for k in ("sampler_vs_trainer",
                                                               "grouped_vs_alone")),
         }  # fmt: skip
+        bounds[dtype]["decision_largest"] = max(r["decision_ratio"]["max"] for r in rows)
+        bounds[dtype]["decision_mean"] = max(r["decision_ratio"]["mean"] for r in rows)
         print(f"{dtype} on every path: largest {bounds[dtype]['largest']:.3g}, "
-              f"mean up to {bounds[dtype]['mean']:.3g}")  # fmt: skip
+              f"mean up to {bounds[dtype]['mean']:.3g}; per decision largest "
+              f"{bounds[dtype]['decision_largest']:.3g}, mean up to "
+              f"{bounds[dtype]['decision_mean']:.3g}")  # fmt: skip
     write_results("numerics", {"rows": results, "bounds": bounds})
 
 

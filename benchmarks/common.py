@@ -111,3 +111,12 @@ def run_in_snakemake(rule: str, cores: int) -> dict[str, Any]:
     command = [str(snakemake), "-s", str(snakefile), "--cores", str(cores), "--forcerun", rule]
     subprocess.run([*command, "--", rule], cwd=ROOT, check=True)
     return json.loads((RESULTS / f"job_{rule}.json").read_text())
+
+
+def token_level(call: dict[str, Any]) -> dict[str, Any]:
+    """A constrained transcript row without its choice record: trained token by token.
+
+    That is the objective the trainer used before it differentiated the six-way policy: the
+    chosen call's raw token log-probs. The benchmarks keep it to measure the difference.
+    """
+    return {**call, "candidates": None, "scores": None, "choice": None, "choice_logprob": None}

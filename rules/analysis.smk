@@ -308,7 +308,10 @@ rule write_report:
 rule plot_training:
     input:
         selection="results/eval/{run}/selection.json",
-        code=src_files("analysis/training.py", "analysis/style.py", "analysis/stats.py"),
+        history="results/train/{run}/history.parquet",
+        code=src_files(
+            "analysis/training.py", "analysis/style.py", "analysis/stats.py", "env/protocols.py"
+        ),
     output:
         png=report(
             "results/figures/training_{run}.png",

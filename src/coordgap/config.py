@@ -374,8 +374,6 @@ class TrainingRunConfig:
         n: Philosophers at the training table, unless ``curriculum`` says otherwise.
         curriculum: ``(from_step, n)`` pairs in increasing step order, the first from step 0:
             the table size of each step (intervention 3); empty for a fixed ``n``.
-        grouping: ``pooled`` (all philosophers of a group's episodes form one GRPO group) or
-            ``per_seat`` (one group per seat).
         variant: The reward variant trained on (intervention 1).
         weights: Its component weights.
         temperature: Sampling temperature of the rollouts.
@@ -385,6 +383,8 @@ class TrainingRunConfig:
         epsilon: Lower clip of the importance ratio (None: ART's default for the loss).
         epsilon_high: Upper clip (None: ART's default for the loss).
         optimizer: AdamW's other settings.
+        warmup: Run ART's warm-up step (learning rate 1e-9 on the first row) before the first
+            update of a fresh optimizer.
         max_in_flight: Rollout episodes played at once.
         seed: Seeds the adapter's initialisation and every step's generators.
         art_internal_config: Passed to ``art.TrainableModel(_internal_config=...)`` by the
@@ -399,7 +399,6 @@ class TrainingRunConfig:
     episodes_per_group: int
     n: int
     curriculum: tuple[tuple[int, int], ...]
-    grouping: Literal["pooled", "per_seat"]
     variant: RewardVariant
     weights: RewardWeights
     temperature: float
@@ -409,6 +408,7 @@ class TrainingRunConfig:
     epsilon: float | None
     epsilon_high: float | None
     optimizer: OptimizerSettings
+    warmup: bool
     max_in_flight: int
     seed: int
     art_internal_config: dict[str, Any]
@@ -440,7 +440,6 @@ class TrainingRunConfig:
             curriculum=tuple(
                 (int(stage["from_step"]), int(stage["n"])) for stage in entry["curriculum"] or ()
             ),
-            grouping=entry["grouping"],
             variant=RewardVariant(reward["variant"]),
             weights=RewardWeights(**{k: float(v) for k, v in reward["weights"].items()}),
             temperature=float(entry["temperature"]),
@@ -455,6 +454,7 @@ class TrainingRunConfig:
             epsilon=entry["epsilon"],
             epsilon_high=entry["epsilon_high"],
             optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
+            warmup=bool(entry["warmup"]),
             max_in_flight=int(entry["max_in_flight"]),
             seed=int(entry["seed"]),
             art_internal_config=dict(entry["art_internal_config"] or {}),
@@ -629,6 +629,24 @@ def _check_served(key: str, entry: dict[str, Any]) -> None:
         )
 
 
+# Settings ART 0.5.18's LocalBackend imposes in RL whatever it is told (unsloth/train.py sets
+# the weight decay on every step; the warm-up runs at every process start).
+ART_FORCED = {"optimizer.weight_decay": 0.1, "warmup": True}
+
+
+def _check_art_overrides(key: str, run: dict[str, Any]) -> None:
+    """Refuse a ``trainer: art`` run whose settings ART would silently override."""
+    for name, forced in ART_FORCED.items():
+        value: Any = run
+        for part in name.split("."):
+            value = value[part]
+        if value != forced:
+            raise ConfigError(
+                f"config key '{key}.{name}': trainer art cannot use {value!r}; ART's "
+                f"LocalBackend forces {forced!r} in RL. Set {forced!r}, or use trainer: torch"
+            )
+
+
 def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
     """The cross-key rules of one training run (see ``check_cross_keys``)."""
     base = run["base_model"]
@@ -645,6 +663,8 @@ def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
             f"config key '{key}.trainer': torch trains in-process models only; '{base}' is "
             "served, so use trainer: art"
         )
+    if run["trainer"] == "art":
+        _check_art_overrides(key, run)
     if is_served(entry) and entry["serve"]["lora"] is None:
         raise ConfigError(
             f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "

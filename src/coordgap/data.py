@@ -63,6 +63,13 @@ TRANSCRIPT_SCHEMA: dict[str, pl.DataType] = {
     "token_ids": pl.List(pl.Int64()),
     "logprobs": pl.List(pl.Float64()),
     "tools": pl.String(),  # JSON list of function schemas the server rendered, or null
+    # The sampling policy (coordgap.policies.base.Transcript): its temperature, and for a
+    # constrained decision every candidate call, its score, the choice and log mu(choice).
+    "temperature": pl.Float64(),
+    "candidates": pl.List(pl.List(pl.Int64())),
+    "scores": pl.List(pl.Float64()),
+    "choice": pl.Int64(),
+    "choice_logprob": pl.Float64(),
 }
 
 STEP_SCHEMA: dict[str, pl.DataType] = {
@@ -99,8 +106,19 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "trained_tokens": pl.Int64(),
     "loss": pl.Float64(),
     "grad_norm": pl.Float64(),
+    "clipped_share": pl.Float64(),  # rows whose gradient the max_grad_norm clip cut
     "ratio_log_mean": pl.Float64(),
     "ratio_log_first": pl.Float64(),
+    # What the step did to the policy (coordgap.training.probe): the rollouts' choices, the
+    # mean entropy of the six-way policy mu that drew them, and after the update the probe
+    # set's KL(mu || mu_0) in float32 (what the weights learnt) and in the model's dtype (the
+    # policy that acts, bf16 rounding included), and mean mu of each tool in float32 (null
+    # where the trainer cannot score).
+    **{f"actions_{tool.value}": pl.Float64() for tool in Tool},
+    "entropy_mean": pl.Float64(),
+    "probe_kl": pl.Float64(),
+    "probe_kl_acting": pl.Float64(),
+    **{f"probe_{tool.value}": pl.Float64() for tool in Tool},
     "seconds_rollout": pl.Float64(),
     "seconds_update": pl.Float64(),
     "seconds": pl.Float64(),

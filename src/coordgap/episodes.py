@@ -9,6 +9,7 @@ the 1,000-episode sweeps and the environment benchmark use it for speed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from coordgap.config import EnvironmentConfig
     from coordgap.data import EpisodeSeeds
-    from coordgap.policies.base import Decision, Policy
+    from coordgap.policies.base import Decision, Policy, Transcript
 
 
 @dataclass
@@ -116,17 +117,7 @@ class EpisodeRecorder:
         )
         if decision.transcript is not None:
             self.log.transcripts.append(
-                {
-                    "round": self.round,
-                    "philosopher": seat,
-                    "messages": json.dumps(list(decision.transcript.messages)),
-                    "completion": decision.transcript.completion,
-                    "token_ids": list(decision.transcript.token_ids),
-                    "logprobs": list(decision.transcript.logprobs),
-                    "tools": None
-                    if decision.transcript.tools is None
-                    else json.dumps(list(decision.transcript.tools)),
-                }
+                {"round": self.round, "philosopher": seat, **transcript_row(decision.transcript)}
             )
         if self.env.history:
             self._history[seat].append(PastTurn(self.round, tool, result.outcome.value, reason))
@@ -221,3 +212,11 @@ def play_episode(
                 recorder.record(turn, seat, decision, table.act(seat, decision.tool))
         done = recorder.end_round()
     return recorder.finish()
+
+
+def transcript_row(transcript: Transcript) -> dict[str, Any]:
+    """A transcript's columns of the transcript table (``coordgap.data.TRANSCRIPT_SCHEMA``)."""
+    row = dataclasses.asdict(transcript)
+    row["messages"] = json.dumps(row["messages"])
+    row["tools"] = None if transcript.tools is None else json.dumps(row["tools"])
+    return row

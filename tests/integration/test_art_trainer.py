@@ -18,6 +18,7 @@ import yaml
 
 from coordgap.config import TrainingRunConfig
 from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.episodes import transcript_row
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.training._art import art
 from coordgap.training.art_trainer import (
@@ -111,16 +112,11 @@ def test_a_served_reply_becomes_a_trajectory_art_tokenizes(smollm2_dir) -> None:
     assert transcript.token_ids == tuple(i for i, _ in SAMPLED)
     assert transcript.logprobs == tuple(lp for _, lp in SAMPLED)
     assert [tool["function"]["name"] for tool in transcript.tools] == [t.value for t in SIX]
-    call = {
-        "messages": json.dumps(list(transcript.messages)),
-        "completion": transcript.completion,
-        "token_ids": list(transcript.token_ids),
-        "logprobs": list(transcript.logprobs),
-        "tools": json.dumps(list(transcript.tools)),
-    }
-    trajectory = philosopher_trajectory([call], 1.0, {"episode": 0})
+    assert transcript.temperature == 1.0
+    call = transcript_row(transcript)
+    trajectory = philosopher_trajectory([call], 1.0, {"episode": 0}, 1.0)
     assert trajectory.tools == list(transcript.tools)
-    other = philosopher_trajectory([call], 0.0, {"episode": 1})
+    other = philosopher_trajectory([call], 0.0, {"episode": 1}, 1.0)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     (result, *_) = art.preprocessing.tokenize.tokenize_trajectory_groups(
         tokenizer, [art.TrajectoryGroup([trajectory, other])], False, True

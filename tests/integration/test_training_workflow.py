@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from coordgap.config import TrainingRunConfig
+from coordgap.env.protocols import Tool
 from coordgap.training.loop import rollout_rewards
 from tests.conftest import copy_workflow, run, tiny_training_config
 from tests.integration.processes import signal_when
@@ -90,11 +91,18 @@ def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
     assert history["n"].to_list() == [3, 3]
     # The training curve is rebuilt from the rollout tables alone.
     run_config = TrainingRunConfig.from_dict("tiny-grpo", config["training"]["runs"]["tiny-grpo"])
+    trained_rows = 0
     for row in history.iter_rows(named=True):
         episodes = pl.read_parquet(uninterrupted / RUN / f"rollouts/step_{row['step']:04d}.parquet")
         rebuilt = rollout_rewards(episodes, run_config)
         assert rebuilt["reward_mean"] == pytest.approx(row["reward_mean"])
         assert rebuilt["episodes"] == row["episodes"] == 2
+        # What the update did: the rollouts' choices, and how far mu moved on the probe set.
+        assert sum(row[f"actions_{tool}"] for tool in Tool) == pytest.approx(1.0)
+        assert row["entropy_mean"] > 0
+        trained_rows += row["rows"]
+        # The untrained adapter is the base model exactly; any update moves mu.
+        assert (row["probe_kl"] > 0) == (trained_rows > 0)
     # Snakemake gave the job two threads, and torch used exactly those.
     output = (uninterrupted / "snakemake.out").read_text()
     assert re.search(r"rule train_grpo:.*?threads: 2", output, flags=re.DOTALL)

@@ -3,6 +3,7 @@ that holds exactly the numbers of the statistics table it was drawn from."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -20,6 +21,8 @@ from coordgap.analysis.stats import (
     reward_columns,
     summary_schema,
 )
+from coordgap.analysis.training import write_training_figure
+from coordgap.data import HISTORY_SCHEMA
 from coordgap.env.reward import RewardVariant
 from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
 
@@ -128,3 +131,48 @@ def test_meals_by_seat_figure(stats: StatsOutputs, tmp_path: Path) -> None:
     csv = _draw_twice("meals_by_seat", stats.seats, tmp_path)
     columns = ["model", "n", "seat", *SEAT_COLUMNS]
     assert read_columns(csv, {c: SEAT_SCHEMA[c] for c in columns}).equals(seats.select(columns))
+
+
+def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path) -> None:
+    def estimate(step: int, mean: float) -> dict:
+        return {
+            "step": step,
+            "mean": mean,
+            "ci_low": mean - 0.1,
+            "ci_high": mean + 0.1,
+            "episodes": 6,
+        }
+
+    selection = {
+        "run": "r",
+        "reward": {"variant": "paper"},
+        "training": [estimate(0, 0.5), estimate(1, 0.6)],
+        "validation": [estimate(0, 0.4), estimate(2, 0.7)],
+        "choices": {"last": {"step": 2, "estimate": estimate(2, 0.7), "runner_up": None}},
+    }
+    rows = [
+        {
+            "run": "r",
+            "step": k,
+            "actions_pick_up_left": 0.7 - 0.1 * k,
+            "actions_pick_up_right": 0.3 + 0.1 * k,
+            "entropy_mean": 0.6 + k / 10,
+            "clipped_share": 1.0,
+            "probe_kl": 0.001 * (k + 1),
+            "probe_kl_acting": 0.01,
+        }
+        for k in range(2)
+    ]
+    history_path = tmp_path / "history.parquet"
+    pl.DataFrame(rows, schema=HISTORY_SCHEMA).write_parquet(history_path)
+    files = [tmp_path / f"training.{ext}" for ext in ("png", "pdf", "csv")]
+    selection_path = tmp_path / "selection.json"
+    selection_path.write_text(json.dumps(selection))
+    write_training_figure(selection_path, history_path, *files)
+    data = pl.read_csv(files[2])
+    # One row per checkpoint: 0 and 1 played rollouts, 1 and 2 were probed after an update.
+    assert data["step"].to_list() == [0, 1, 2]
+    assert data["probe_kl"].to_list() == [None, 0.001, 0.002]
+    assert data["actions_pick_up_left"].to_list()[:2] == pytest.approx([0.7, 0.6])
+    assert "actions_eat" not in data.columns
+    assert files[0].stat().st_size > 0

@@ -127,7 +127,9 @@ def assert_close(a: Sequence[float], b: Sequence[float], dtype: str) -> None:
     assert sum(differences) / len(differences) <= mean, (dtype, differences)
 
 
-def reference_log_probs(model: LocalChatModel, transcript: Transcript) -> list[float]:
+def reference_log_probs(
+    model: LocalChatModel, transcript: Transcript, temperature: float = 1.0
+) -> list[float]:
     """The completion's log-probs from one plain forward pass over prompt + completion."""
     tokenizer = model.tokenizer
     text = tokenizer.apply_chat_template(
@@ -138,7 +140,8 @@ def reference_log_probs(model: LocalChatModel, transcript: Transcript) -> list[f
     with torch.inference_mode():
         hidden = model.model.get_decoder()(input_ids=ids).last_hidden_state[0]
         head = model.model.get_output_embeddings().weight.float()
-        log_probs = torch.log_softmax(hidden[len(prompt) - 1 : -1].float() @ head.T, dim=-1)
+        logits = hidden[len(prompt) - 1 : -1].float() @ head.T
+        log_probs = torch.log_softmax(logits / temperature, dim=-1)
     return log_probs.gather(-1, ids[0, len(prompt) :, None])[:, 0].tolist()
 
 
@@ -343,6 +346,45 @@ def test_constrained_always_yields_an_allowed_tool(sampled: LocalChatModel) -> N
         assert decision.latency_s > 0
     # Temperature 1 samples: 24 decisions do not all pick the same tool.
     assert len({decision.tool for decision in decisions}) > 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_a_constrained_transcript_records_the_six_way_policy(
+    model_dir: Path, temperature: float
+) -> None:
+    model = LocalChatModel(
+        model_dir, decoding="constrained", temperature=temperature, max_new_tokens=8, max_batch=8
+    )
+    jobs = [(i, SIX if i % 2 else FOUR, i) for i in range(6)]
+    for (_, tools, _), decision in zip(jobs, asyncio.run(decide_all(model, jobs)), strict=True):
+        transcript = decision.transcript
+        assert transcript is not None
+        assert transcript.temperature == temperature
+        assert transcript.candidates == tuple(tuple(model._continuation(t)) for t in tools)
+        assert decision.tool == tools[transcript.choice]
+        assert transcript.token_ids == transcript.candidates[transcript.choice]
+        # Every score is its call's summed log-probs; the chosen one's are recorded.
+        assert transcript.scores[transcript.choice] == pytest.approx(sum(transcript.logprobs))
+        mu = torch.log_softmax(
+            torch.tensor(transcript.scores, dtype=torch.float64) / temperature, 0
+        )
+        assert transcript.choice_logprob == pytest.approx(float(mu[transcript.choice]))
+
+
+def test_free_decoding_records_log_probs_at_its_temperature(model_dir: Path) -> None:
+    """What free decoding records is the distribution it drew from: the model's at T."""
+    model = LocalChatModel(
+        model_dir, dtype="float32", decoding="free", temperature=0.5, max_new_tokens=6, max_batch=4
+    )
+    for decision in asyncio.run(decide_all(model, [(i, SIX, i) for i in range(3)])):
+        transcript = decision.transcript
+        assert transcript is not None
+        assert transcript.temperature == 0.5
+        assert transcript.candidates is None
+        assert_close(transcript.logprobs, reference_log_probs(model, transcript, 0.5), "float32")
+        # ... which is not the model's own at T = 1.
+        own = reference_log_probs(model, transcript)
+        assert max(abs(a - b) for a, b in zip(transcript.logprobs, own, strict=True)) > 1e-3
 
 
 @pytest.mark.numerics

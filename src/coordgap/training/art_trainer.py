@@ -3,10 +3,11 @@
 The loop (``coordgap.training.loop``) is the same as for the ``torch`` trainer; only the three
 trainer calls differ. The policy is served by ART's vLLM server, so rollouts go through the
 ``openai`` backend pointed at it, naming the checkpoint with ``get_inference_name(step)``
-before every step (the name ``register`` sets goes stale after training) and with Qwen3's
-thinking off in both rendering and training (reference/art-grpo.md §4, §8.5). The tools are
-sent as OpenAI function schemas, which vLLM renders through the chat template, so every
-trajectory carries them too: ART's tokenizer renders the same template with the same tools.
+before every step (the name ``register`` sets goes stale after training), and with the chat
+template's keyword arguments of ``_internal_config`` (thinking off unless the run says
+otherwise) sent as ART's own client sends them. The tools are sent as OpenAI function
+schemas, which vLLM renders through the chat template, so every trajectory carries them too:
+ART's tokenizer renders the same template with the same tools.
 An update is one ``backend.train`` call; the checkpoint it writes is copied into our layout.
 
 Departures from the ``torch`` trainer that ART imposes: its optimizer is ``paged_adamw_8bit``
@@ -36,9 +37,11 @@ from coordgap.training._art import art
 from coordgap.training.grpo import UpdateStats
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from coordgap.config import ModelSpec, TrainingRunConfig
+    from coordgap.env.protocols import Tool
 
 # ART's LocalBackend serves with this key (model.inference_api_key); the openai backend reads
 # keys from the environment by name.
@@ -109,7 +112,7 @@ def internal_config(run: TrainingRunConfig) -> dict[str, Any]:
         weight_decay=run.optimizer.weight_decay,
         max_grad_norm=run.optimizer.max_grad_norm,
     )
-    # ART does not set vLLM's LoRA rank limit itself (reference/art-grpo.md §2.1).
+    # ART does not set vLLM's LoRA rank limit itself (engine_args.max_lora_rank).
     engine = config.setdefault("engine_args", {})
     engine["max_lora_rank"] = max(engine.get("max_lora_rank", 0), run.lora.rank)
     config.setdefault("chat_template_kwargs", {}).setdefault("enable_thinking", False)
@@ -149,11 +152,12 @@ class ArtTrainer:
         self.run = run
         self._base = base.entry
         self._backend = LocalBackend(path=str(work.resolve()))
+        self._internal = internal_config(run)
         self._model = art.TrainableModel(
             name=run.name,
             project=PROJECT,
             base_model=str(weights.resolve()),
-            _internal_config=internal_config(run),
+            _internal_config=self._internal,
         )
         checkpoints = work / PROJECT / "models" / run.name / "checkpoints"
         for folder in checkpoints.glob("[0-9]*"):
@@ -179,7 +183,8 @@ class ArtTrainer:
             temperature=self.run.temperature,
             top_p=1.0,
             max_tokens=completion_limit(self._base),
-            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            # As ART's own client sends them: the template renders as ART's trainer does.
+            extra_body={"chat_template_kwargs": self._internal["chat_template_kwargs"]},
             tool_choice="auto",
             timeout_s=1200.0,
             max_retries=3,
@@ -204,10 +209,18 @@ class ArtTrainer:
             trained_tokens=int(metrics.get("data/step_num_trainable_tokens", 0)),
             loss=float(metrics.get("loss/train", float("nan"))),
             grad_norm=float(metrics.get("loss/grad_norm", float("nan"))),
+            # ART reports the mean norm only, not how many rows its clip cut.
+            clipped_share=float("nan"),
             ratio_log_mean=float("nan"),
             ratio_log_first=float("nan"),
             seconds=float(metrics.get("time/step_trainer_s", float("nan"))),
         )
+
+    def probe(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """Nothing: vLLM samples free text, and its six-way choice has no score to read."""
+        return {}
 
     def save(self, folder: Path) -> None:
         """Copy ART's checkpoint of the current step (its PEFT adapter) into ``folder``."""

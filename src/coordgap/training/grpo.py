@@ -1,47 +1,85 @@
-"""The ``torch`` GRPO trainer: ART's own math, our optimizer loop (DESIGN.md §6).
+"""The ``torch`` GRPO trainer: ART's own math, our optimizer loop.
 
 What is ART's here: ``art.preprocessing`` computes the group advantages (population standard
-deviation, zero-advantage trajectories dropped), tokenizes every history (the sampled token ids
-and their sampler log-probs as the old policy's), normalises token weights and advantages over
-the whole step, and packs one history per row; ``art.loss.loss_fn`` gives each row's loss
-(CISPO by default, or PPO). What is ours is the loop around them, mirroring ART 0.5.18's
-``LocalBackend`` (reference/art-grpo.md §9, §11): a transformers + peft LoRA model and one AdamW
-step per row, with ART's constant learning rate, betas, weight decay and gradient-norm clip.
+deviation, zero-advantage trajectories dropped), tokenizes every history (its trainable
+positions and their sampler log-probs as the old policy's), normalises token weights and
+advantages over the whole step, and packs one history per row; ``art.loss.loss_fn`` gives each
+row's loss (CISPO by default, or PPO). What is ours is the loop around them, mirroring ART
+0.5.18's ``LocalBackend``: a transformers + peft LoRA model and one AdamW step per row, with
+ART's constant learning rate, betas, weight decay and gradient-norm clip, and ART's warm-up.
 
-Departures from ART's loop, none of which changes the objective:
+**The policy differentiated is the one that acted.** A free decision is trained as ART trains
+any completion, token by token: log pi_theta(t) of each sampled token, at the rollout
+temperature T (the sampler recorded its log-probs at T too). A constrained decision was drawn
+from mu = softmax(S / T) over the allowed calls, S_j = sum_t log pi(c_j,t | prompt), so it is
+one trainable position (``trajectories.DecisionChoice``) whose log-prob is
 
+    log mu_theta(k) = S_k / T - logsumexp_j(S_j / T),
+
+computed by one forward pass over the prompt and every candidate (the sampler's
+block-diagonal packing, with gradients). ART's loss then works on the decision: the ratio is
+mu_theta(k) / mu_old(k), and for CISPO the row's loss is -clip(ratio) * A * w * log mu_theta(k)
+(A the normalised advantage, w the normalised weight, which ART now spreads over a trajectory's
+decisions instead of its tokens). Training the raw token log-probs of the chosen call instead
+would mostly train log P(all calls), the mass on the tokens every call shares, which the
+sampler renormalises away.
+
+Departures from ART's loop (README, "GRPO training", lists them with whether each is an option):
+
+* The base model computes in its configured dtype (bf16 by default); ART loads it in 4 bits.
 * AdamW keeps its moments in float32 (ART's ``paged_adamw_8bit`` needs bitsandbytes on a GPU).
-* No warm-up pass at learning rate 1e-9 before the first step (ART runs one to compile
-  Unsloth's kernels).
+* The output layer runs in float32, and only where a trained position is predicted.
+* Eager attention (PyTorch's fused CPU attention is slower backwards); ART uses Unsloth's.
 * Each row runs at its own length instead of padded to a multiple of 2048 tokens: the padding
   is masked out of the loss, and causal attention never lets a token see what follows it.
-* Log-probs are computed only where a sampled token is predicted, with the output layer in
-  float32 (the sampler does the same): the loss is zero everywhere else.
+* ART's warm-up (one optimizer step at learning rate 1e-9 on the first row, which seeds Adam's
+  moments) runs once per fresh optimizer rather than once per process: a resumed run restores
+  the moments instead (ART keeps none), so it continues exactly as if never stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coordgap.policies.local import DTYPES, LocalChatModel
+from coordgap import preemption
+from coordgap.policies.base import BatchSlot
+from coordgap.policies.local import (
+    DTYPES,
+    LocalChatModel,
+    additive_mask,
+    candidate_columns,
+    candidate_log_probs,
+    candidate_row,
+    packed_layout,
+)
 from coordgap.training._art import art
+from coordgap.training.trajectories import DecisionChoice
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
     from art.preprocessing.inputs import TrainInputs
     from art.preprocessing.pack import PackedTensors
     from art.preprocessing.tokenize import TokenizedResult
+    from openai.types.chat.chat_completion import Choice
 
     from coordgap.config import TrainingRunConfig
+    from coordgap.env.protocols import Tool
+
+logger = logging.getLogger(__name__)
 
 # Padding of ART's packed rows: never a token id, so a row's length is where it starts.
 _PAD = -100
@@ -57,11 +95,15 @@ class UpdateStats:
             zero-advantage ones.
         trajectories: Trajectories trained on.
         rows: Rows, each one optimizer step (one LLM call each).
-        tokens: Tokens run through the model, over all rows.
-        trained_tokens: Sampled tokens the loss covers.
+        tokens: Tokens run through the model, over all rows (a constrained row runs its
+            prompt and every candidate).
+        trained_tokens: Trained positions: a free decision's sampled tokens, one per
+            constrained decision.
         loss: Mean row loss (NaN without rows).
         grad_norm: Mean gradient norm before clipping (NaN without rows).
-        ratio_log_mean: Mean |log importance ratio| over the trained tokens, each taken
+        clipped_share: Share of rows whose gradient norm exceeded ``max_grad_norm``, so that
+            their step was cut to the same size (NaN without rows).
+        ratio_log_mean: Mean |log importance ratio| over the trained positions, each taken
             when its row is trained (earlier rows of the step have moved the policy by then).
         ratio_log_first: The same over the first row only: the policy that sampled, so this is
             the numerical disagreement between sampler and trainer.
@@ -76,9 +118,25 @@ class UpdateStats:
     trained_tokens: int
     loss: float
     grad_norm: float
+    clipped_share: float
     ratio_log_mean: float
     ratio_log_first: float
     seconds: float
+
+
+class StepRows(NamedTuple):
+    """A step's groups as ART packs them, with the choice each row trains.
+
+    Attributes:
+        packed: The rows (one history each); None when nothing is trainable.
+        results: ART's tokenized histories they were packed from.
+        choices: The assistant turn of each packed row, in row order: a ``DecisionChoice``
+            for a constrained decision, a plain ``Choice`` for free decoding.
+    """
+
+    packed: PackedTensors | None
+    results: list[TokenizedResult]
+    choices: list[Choice]
 
 
 class TorchGRPOTrainer:
@@ -88,8 +146,9 @@ class TorchGRPOTrainer:
         weights: The base model's prepared folder.
         run: The training run (recipe and optimizer settings).
         base: The base model's ``models:`` entry: its ``dtype`` (the adapter's own weights are
-            always float32, as peft keeps them) and how its rollouts decode (``decoding``,
-            ``max_new_tokens``, ``max_batch``; the temperature is the run's).
+            always float32, as peft keeps them), how its rollouts decode (``decoding``,
+            ``max_new_tokens``, ``max_batch``; the temperature is the run's) and its
+            ``chat_template_kwargs``.
         adapter: A checkpoint folder to start from (resuming); None starts from the untrained
             adapter (B = 0, so it acts exactly like the base model), initialised from
             ``run.seed``.
@@ -119,7 +178,7 @@ class TorchGRPOTrainer:
         # Eager attention, unlike the sampler's SDPA: PyTorch's fused CPU attention is slow
         # backwards (a row took 1.4 s against eager's 1.2 s); the two agree to the bf16 bound
         # benchmarks/README.md states for the importance ratio.
-        base = AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             weights, dtype=DTYPES[base["dtype"]], attn_implementation="eager"
         ).to(device)
         if adapter is None:
@@ -133,9 +192,9 @@ class TorchGRPOTrainer:
             # peft draws A from torch's global generator; B starts at zero.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(run.seed)
-                self.model = get_peft_model(base, lora)
+                self.model = get_peft_model(model, lora)
         else:
-            self.model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
+            self.model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
         opt = run.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -146,7 +205,11 @@ class TorchGRPOTrainer:
         )
         if optimizer_state is not None:
             self.optimizer.load_state_dict(torch.load(optimizer_state, weights_only=True))
+        # ART warms up once per process, which for it means with fresh moments (it saves
+        # none); a restored optimizer has its moments already.
+        self._warmup_pending = run.warmup and optimizer_state is None
         self._decoder = self.model.get_decoder()
+        self._dtype = self.model.get_input_embeddings().weight.dtype
         self._head = self.model.get_output_embeddings().weight.detach().float()
         # ART's experimental config: the loss and its clipping (None keeps ART's defaults).
         self._loss_config: art.dev.TrainConfig = {"ppo": run.loss == "ppo"}
@@ -155,23 +218,29 @@ class TorchGRPOTrainer:
         if run.epsilon_high is not None:
             self._loss_config["epsilon_high"] = run.epsilon_high
         self._train_config = art.TrainConfig(learning_rate=run.learning_rate)
+        # The untrained policy's choice log-probs on each probe set (it never changes).
+        self._probe_base: dict[str, torch.Tensor] = {}
 
     def start(self) -> None:
         """Nothing to start: the model is in this process."""
 
-    def sampler(self) -> LocalChatModel:
+    def sampler(self, decoding: str | None = None) -> LocalChatModel:
         """The current policy for rollouts: the model being trained, shared, in eval mode.
 
         A new backend per step, so no prefix cache computed under older weights survives.
+
+        Args:
+            decoding: The decoding to use; None for the base model's.
         """
         self.model.eval()
         return LocalChatModel.from_model(
             self.model,
             self.tokenizer,
-            decoding=self._base["decoding"],
+            decoding=decoding or self._base["decoding"],
             temperature=self.run.temperature,
             max_new_tokens=self._base["max_new_tokens"],
             max_batch=self._base["max_batch"],
+            chat_template_kwargs=self._base.get("chat_template_kwargs"),
         )
 
     def save(self, folder: Path) -> None:
@@ -182,37 +251,56 @@ class TorchGRPOTrainer:
         """Write the optimizer's state (AdamW's moments and step counts)."""
         torch.save(self.optimizer.state_dict(), path)
 
-    def rows(
-        self, groups: list[art.TrajectoryGroup]
-    ) -> tuple[PackedTensors | None, list[TokenizedResult]]:
+    def rows(self, groups: list[art.TrajectoryGroup]) -> StepRows:
         """Tokenize and pack trajectory groups into rows with ART's preprocessing.
 
-        ART shuffles with Python's global ``random``: the caller seeds it.
+        ART shuffles with Python's global ``random``: the caller seeds it. ART's packing
+        permutes the rows and keeps no link to the histories they came from, so two things
+        tell a row's history. Tokenizing unshuffled yields each trajectory's histories
+        consecutively and in order (the rows are permuted afterwards all the same, so the
+        order of the optimizer steps stays random). And each tokenized result's ``prompt_id``,
+        which only packing several histories into one row reads (this loop packs one per
+        row), is set to its index: packing copies it into the row's ``parent_ids``.
 
         Args:
             groups: The step's groups.
 
         Returns:
-            The packed rows (one history each; None when nothing is trainable) and ART's
-            tokenized histories they were packed from.
+            The packed rows, ART's tokenized histories and each row's choice.
         """
         results = list(
             art.preprocessing.tokenize.tokenize_trajectory_groups(
-                self.tokenizer, groups, allow_training_without_logprobs=False, scale_rewards=True
+                self.tokenizer,
+                groups,
+                allow_training_without_logprobs=False,
+                scale_rewards=True,
+                shuffle_group_trajectories=False,
+                chat_template_kwargs=self._base.get("chat_template_kwargs"),
             )
         )
         if not results:
-            return None, results
+            return StepRows(None, results, [])
+        trained = _trained_choices(results)
+        for index, result in enumerate(results):
+            result.prompt_id = index
         longest = max(len(result.token_ids) for result in results)
         packed = art.preprocessing.pack.packed_tensors_from_tokenized_results(
             results, longest, pad_token_id=_PAD, pack_results=False
         )
-        return packed, results
+        choices = [trained[int(ids[0])] for ids in packed["parent_ids"]]
+        return StepRows(packed, results, choices)
 
-    def row(self, packed: PackedTensors, index: int) -> TrainInputs:
-        """Row ``index`` as ART's training inputs, cut to its own length."""
+    def row(self, packed: PackedTensors, index: int, warmup: bool = False) -> TrainInputs:
+        """Row ``index`` as ART's training inputs, cut to its own length.
+
+        Args:
+            packed: Rows from ``rows``.
+            index: The row.
+            warmup: ART's warm-up inputs of the row instead (its first 1024 tokens, learning
+                rate 1e-9).
+        """
         inputs = art.preprocessing.inputs.create_train_inputs(
-            packed, index, self._train_config, self._loss_config, warmup=False
+            packed, index, self._train_config, self._loss_config, warmup=warmup
         )
         length = int((inputs["tokens"][0] != _PAD).sum())
         for key, value in inputs.items():
@@ -220,47 +308,90 @@ class TorchGRPOTrainer:
                 inputs[key] = value[:, :length]
         return inputs
 
-    def token_log_probs(self, inputs: TrainInputs) -> torch.Tensor:
-        """The current policy's next-token log-probs of a row, as ``art.loss`` expects them.
+    def log_probs(self, inputs: TrainInputs, choice: Choice) -> tuple[torch.Tensor, int]:
+        """The current policy's log-probs of a row's trained positions, as ``art.loss`` wants.
 
-        Position ``t`` holds log p(token ``t + 1`` | tokens up to ``t``) where token ``t + 1``
-        was sampled, and 0 elsewhere (the loss masks those positions out).
+        Position ``t`` holds the log-prob of what position ``t + 1`` trains (a sampled token,
+        or a constrained decision's choice), and 0 elsewhere (the loss masks it out).
 
         Args:
             inputs: One row (see ``row``).
+            choice: The row's choice (``StepRows.choices``).
 
         Returns:
-            A ``[1, length]`` float32 tensor, differentiable through the adapter.
+            A ``[1, length]`` float32 tensor, differentiable through the adapter, and the
+            number of tokens the forward pass ran.
         """
+        if isinstance(choice, DecisionChoice):
+            return self._decision_log_probs(inputs, choice)
+        return self._token_log_probs(inputs)
+
+    def _token_log_probs(self, inputs: TrainInputs) -> tuple[torch.Tensor, int]:
+        """A free decision's sampled tokens at the rollout temperature (see ``log_probs``)."""
         tokens = inputs["tokens"].to(self.model.device)
         predicts_sampled = inputs["assistant_mask"][0, 1:].nonzero()[:, 0].to(tokens.device)
         hidden = self._decoder(input_ids=tokens).last_hidden_state[0, predicts_sampled]
-        log_probs = torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
-        sampled = log_probs.gather(-1, tokens[0, predicts_sampled + 1, None])[:, 0]
+        logits = F.linear(hidden.float(), self._head) / self.run.temperature
+        sampled = torch.log_softmax(logits, dim=-1).gather(
+            -1, tokens[0, predicts_sampled + 1, None]
+        )
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
-        return out.index_put((torch.zeros_like(predicts_sampled), predicts_sampled), sampled)
+        trained = (torch.zeros_like(predicts_sampled), predicts_sampled)
+        return out.index_put(trained, sampled[:, 0]), tokens.numel()
 
-    def sampler_gaps(self, packed: PackedTensors) -> list[float]:
-        """|log p_trainer - log p_sampler| of every sampled token of the rows, updating nothing.
+    def _decision_log_probs(
+        self, inputs: TrainInputs, choice: DecisionChoice
+    ) -> tuple[torch.Tensor, int]:
+        """A constrained decision's log mu_theta(k), at the position before its choice.
+
+        The row's tokens up to its one trained position are the prompt the sampler scored the
+        candidates after; one forward pass scores them all again, with gradients.
+        """
+        tokens = inputs["tokens"][0]
+        (action,) = inputs["assistant_mask"][0].nonzero()[:, 0].tolist()
+        row = candidate_row(tokens[:action].tolist(), choice.candidates)
+        layout = packed_layout([row], 0, pad_id=0)
+        device = self.model.device
+        hidden = self._decoder(
+            input_ids=layout.ids.to(device),
+            attention_mask=additive_mask(layout.allowed, self._dtype).to(device),
+            position_ids=layout.positions.to(device),
+        ).last_hidden_state[0, candidate_columns(row, choice.candidates)]
+        log_probs = torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
+        scores = torch.stack(
+            [lps.sum() for lps in candidate_log_probs(log_probs, choice.candidates)]
+        )
+        log_mu = torch.log_softmax(scores / self.run.temperature, dim=0)[choice.chosen]
+        out = torch.zeros((1, len(tokens)), dtype=torch.float32, device=device)
+        position = torch.tensor([[0], [action - 1]], device=device)
+        return out.index_put(tuple(position), log_mu.reshape(1)), layout.ids.numel()
+
+    def sampler_gaps(self, rows: StepRows) -> list[float]:
+        """|log p_trainer - log p_sampler| of every trained position, updating nothing.
 
         On the policy that sampled the rows, this is the importance ratio's numerical noise:
-        the trainer's forward pass against the sampler's recorded log-probs.
+        the trainer's forward pass against the sampler's recorded log-probs (for a constrained
+        decision, the decision-level log mu(k)).
 
         Args:
-            packed: Rows from ``rows``.
+            rows: Rows from ``rows``.
 
         Returns:
-            One gap per sampled token, row by row.
+            One gap per trained position, row by row.
         """
         gaps: list[float] = []
+        if rows.packed is None:
+            return gaps
         with torch.no_grad():
-            for index in range(packed["tokens"].shape[0]):
-                inputs = self.row(packed, index)
-                gaps += _sampled_gaps(inputs, self.token_log_probs(inputs)).tolist()
+            for index, choice in enumerate(rows.choices):
+                inputs = self.row(rows.packed, index)
+                gaps += _sampled_gaps(inputs, self.log_probs(inputs, choice)[0]).tolist()
         return gaps
 
     def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """One GRPO step: one AdamW step per packed row, as ART's LocalBackend takes them.
+
+        The first update of a fresh optimizer starts with ART's warm-up on the first row.
 
         Args:
             groups: The step's trajectory groups.
@@ -269,47 +400,187 @@ class TorchGRPOTrainer:
             What the update did; a step with nothing trainable changes nothing.
         """
         start = time.perf_counter()
-        packed, results = self.rows(groups)
-        rows = 0 if packed is None else packed["tokens"].shape[0]
+        rows = self.rows(groups)
         losses, norms, ratio_logs = [], [], []
         tokens = 0
         self.model.train()
-        for index in range(rows):
-            inputs = self.row(packed, index)
-            new = self.token_log_probs(inputs)
-            loss = art.loss.loss_fn(inputs, new, None, None, self._loss_config).policy_loss
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(
-                self._parameters, self.run.optimizer.max_grad_norm
-            )
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        if self._warmup_pending and rows.packed is not None:
+            self._warm_up(rows)
+        for index, choice in enumerate(rows.choices):
+            inputs = self.row(rows.packed, index)
+            loss, norm, new, ran = self._step(inputs, choice)
             ratio_logs.append(_sampled_gaps(inputs, new))
-            losses.append(loss.item())
-            norms.append(norm.item())
-            tokens += inputs["tokens"].numel()
+            losses.append(loss)
+            norms.append(norm)
+            tokens += ran
         self.model.eval()
-        trained = {id(result.trajectory) for result in results}
+        trained = {id(result.trajectory) for result in rows.results}
         every = torch.cat(ratio_logs) if ratio_logs else torch.empty(0)
+        limit = self.run.optimizer.max_grad_norm
         return UpdateStats(
             groups=len(groups),
             groups_trainable=sum(
                 any(id(t) in trained for t in group.trajectories) for group in groups
             ),
             trajectories=len(trained),
-            rows=rows,
+            rows=len(rows.choices),
             tokens=tokens,
             trained_tokens=every.numel(),
             loss=_mean(losses),
             grad_norm=_mean(norms),
+            clipped_share=_mean([float(norm > limit) for norm in norms]),
             ratio_log_mean=_mean(every.tolist()),
             ratio_log_first=_mean(ratio_logs[0].tolist()) if ratio_logs else math.nan,
             seconds=time.perf_counter() - start,
         )
 
+    def _step(self, inputs: TrainInputs, choice: Choice) -> tuple[float, float, torch.Tensor, int]:
+        """One optimizer step on one row: its loss, gradient norm, log-probs and tokens run."""
+        # As ART's compute_loss: the row's config carries the learning rate (the warm-up's
+        # is 1e-9).
+        for group in self.optimizer.param_groups:
+            group["lr"] = inputs["config"].learning_rate
+        new, ran = self.log_probs(inputs, choice)
+        with warnings.catch_warnings():
+            # ART's loss also computes the correlation of old and new probabilities (a metric
+            # only), undefined over one trained position: NaN, and a warning per decision row.
+            warnings.filterwarnings("ignore", r"cov\(\): degrees of freedom", UserWarning)
+            loss = art.loss.loss_fn(inputs, new, None, None, self._loss_config).policy_loss
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.run.optimizer.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item(), norm.item(), new, ran
+
+    def _warm_up(self, rows: StepRows) -> None:
+        """ART's warm-up: one step on the first row's warm-up inputs, at learning rate 1e-9.
+
+        Its parameter change is negligible; what it leaves is the first row's gradient in
+        Adam's moments and one more step in their bias correction (on an 8-row step the update
+        then differs by about half from one without it).
+        """
+        inputs = self.row(rows.packed, 0, warmup=True)
+        self._warmup_pending = False
+        if not inputs["assistant_mask"].any():
+            # ART's cut to 1024 tokens left nothing trainable; ART's step would be empty too.
+            logger.warning("warm-up skipped: the first row has nothing to train in 1024 tokens")
+            return
+        self._step(inputs, rows.choices[0])
+
+    def probe(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """The six-way policy on a fixed probe set, and how far it is from the untrained one.
+
+        Every probe is scored as a constrained decision at the run's temperature, whatever
+        the rollouts' decoding, with the current adapter and with none (the untrained policy,
+        mu_0, computed once). Twice: in float32, which measures what the adapter's weights
+        learnt, and in the model's own dtype, the policy that acts. In bf16 the two differ by
+        rounding: every change of the weights re-rounds the activations, which moves log mu by
+        up to a few tenths of a nat whatever the update's direction (README, "GRPO training"),
+        so a small update's bf16 KL is mostly rounding and its float32 KL is the learning.
+
+        Args:
+            conversations: The probe set's conversations (``coordgap.training.probe``).
+            tools: The tools offered.
+
+        Returns:
+            ``probe_kl``, the mean KL(mu || mu_0) over the probes in nats, in float32;
+            ``probe_kl_acting``, the same in the model's dtype; ``probe_<tool>``, each tool's
+            mean probability in float32.
+        """
+        acting = self._probe_kl(conversations, tools)
+        learnt = acting
+        if self._dtype != torch.float32:
+            with _in_float32(self.model):
+                learnt = self._probe_kl(conversations, tools)
+        shares = learnt.current.exp().mean(dim=0).tolist()
+        return {"probe_kl": learnt.kl, "probe_kl_acting": acting.kl} | {
+            f"probe_{tool}": share for tool, share in zip(tools, shares, strict=True)
+        }
+
+    def _probe_kl(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> _Probe:
+        """The current policy's log mu on the probes and its mean KL from mu_0 (same dtype)."""
+        current = self.choice_log_probs(conversations, tools)
+        key = repr((self.model.get_input_embeddings().weight.dtype, conversations, tools))
+        if key not in self._probe_base:
+            with self.model.disable_adapter():
+                self._probe_base[key] = self.choice_log_probs(conversations, tools)
+        kl = (current.exp() * (current - self._probe_base[key])).sum(dim=-1)
+        return _Probe(current, kl.mean().item())
+
+    def choice_log_probs(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> torch.Tensor:
+        """The choice log-probs, log mu over ``tools``, of each conversation: ``[P, tools]``."""
+        sampler = self.sampler(decoding="constrained")
+
+        async def decide_all() -> list[Any]:
+            return await asyncio.gather(
+                *(
+                    sampler.decide(chat, tools, 0, BatchSlot("probe", len(conversations), i))
+                    for i, chat in enumerate(conversations)
+                )
+            )
+
+        scores = torch.tensor([d.transcript.scores for d in preemption.run(decide_all())])
+        return torch.log_softmax(scores / self.run.temperature, dim=-1)
+
+
+class _Probe(NamedTuple):
+    """A policy's log mu on the probe set, and its mean KL from the untrained policy."""
+
+    current: torch.Tensor
+    kl: float
+
+
+@contextmanager
+def _in_float32(model: torch.nn.Module) -> Iterator[None]:
+    """Compute in float32 for a while: the frozen base's weights cast up, then back.
+
+    The round trip is exact (every bf16 value is a float32 value); the adapter's own weights
+    are float32 already. A float32 model is left as it is.
+    """
+    frozen = [p for p in model.parameters() if not p.requires_grad and p.is_floating_point()]
+    dtypes = [p.dtype for p in frozen]
+    for parameter in frozen:
+        parameter.data = parameter.data.float()
+    try:
+        yield
+    finally:
+        for parameter, dtype in zip(frozen, dtypes, strict=True):
+            parameter.data = parameter.data.to(dtype)
+
+
+def _trained_choices(results: list[TokenizedResult]) -> list[Choice]:
+    """The choice each tokenized result trains, from ART's unshuffled tokenization.
+
+    Without shuffling, ART yields each kept trajectory's histories consecutively, main history
+    first: the ``j``-th result of a trajectory is its ``j``-th history.
+    """
+    seen: dict[int, int] = {}
+    choices = []
+    for result in results:
+        trajectory = result.trajectory
+        histories = [trajectory.messages_and_choices] + [
+            history.messages_and_choices for history in trajectory.additional_histories
+        ]
+        j = seen.get(id(trajectory), 0)
+        seen[id(trajectory)] = j + 1
+        choice = histories[j][-1]
+        # The history's trained log-probs must be the result's: a check of the order.
+        recorded = [entry.logprob for entry in choice.logprobs.content]
+        trained = [lp for lp, m in zip(result.logprobs, result.assistant_mask, strict=True) if m]
+        if not torch.allclose(torch.tensor(trained), torch.tensor(recorded), equal_nan=True):
+            raise RuntimeError("ART's tokenization did not yield the histories in order")
+        choices.append(choice)
+    return choices
+
 
 def _sampled_gaps(inputs: TrainInputs, new: torch.Tensor) -> torch.Tensor:
-    """|new - sampler log-prob| of a row's sampled tokens (``new`` from ``token_log_probs``)."""
+    """|new - sampler log-prob| of a row's trained positions (``new`` from ``log_probs``)."""
     sampled = inputs["assistant_mask"][0]
     return (new[0, :-1][sampled[1:]].detach().cpu() - inputs["logprobs"][0, sampled]).abs()
 

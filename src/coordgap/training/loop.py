@@ -8,7 +8,7 @@ table randomness and differ only in their own sampling. The update then turns th
 into ART trajectory groups (``trajectories``) and trains on them, which gives checkpoint
 ``k + 1``.
 
-Outputs (DESIGN.md §5), written when the run is complete:
+Outputs, written when the run is complete:
 
 * ``checkpoints/step_<kkkk>/``: the PEFT adapter of every checkpoint, 0 to ``steps``;
 * ``history.parquet``: one row per step (``coordgap.data.HISTORY_SCHEMA``);
@@ -54,17 +54,21 @@ from coordgap.data import (
     derive_seed,
     write_parquet_atomic,
 )
+from coordgap.env.protocols import TOOLS
 from coordgap.env.reward import RewardVariant, reward_expr
 from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy
 from coordgap.preemption import preemptible
+from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import trajectory_groups
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
     from coordgap.env.observation import PromptTemplates
+    from coordgap.env.protocols import Tool
     from coordgap.policies.adapters import ChatBackend
     from coordgap.training._art import art
     from coordgap.training.grpo import UpdateStats
@@ -85,6 +89,12 @@ class StepTrainer(Protocol):
 
     def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
         """Train on one step's groups (one new checkpoint's worth)."""
+        ...
+
+    def probe(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """The current policy on the probe set (``probe_*`` columns; empty if it can't)."""
         ...
 
     def save(self, folder: Path) -> None:
@@ -323,6 +333,8 @@ def train(
         file=sys.stderr,
         disable=not progress,
     )
+    probes = probe_conversations(env, templates, run.n)
+    tools = TOOLS[env.protocol]
     with preemptible() as guard:
         if work.step is None:
             with guard.deferred():
@@ -349,6 +361,8 @@ def train(
                 "n": run.n_at(step),
                 **rollout_rewards(tables["episodes"], run),
                 **{k: v for k, v in dataclasses.asdict(stats).items() if k != "seconds"},
+                **rollout_choices(tables["episodes"], tables["transcripts"]),
+                **trainer.probe(probes, tools),
                 "seconds_rollout": rolled - begin,
                 "seconds_update": stats.seconds,
                 "seconds": time.perf_counter() - begin,
@@ -363,12 +377,15 @@ def train(
                 work.commit(step + 1)
             loss = "-" if math.isnan(stats.loss) else f"{stats.loss:.4f}"
             logger.info(
-                "step %d: n=%d reward %.3f, %d rows, loss %s, %.1f s",
+                "step %d: n=%d reward %.3f, %d rows (%.0f%% clipped), loss %s, "
+                "probe KL(mu || mu_0) %s, %.1f s",
                 step,
                 row["n"],
                 row["reward_mean"],
                 stats.rows,
+                100 * (0.0 if math.isnan(stats.clipped_share) else stats.clipped_share),
                 loss,
+                "-" if row.get("probe_kl") is None else f"{row['probe_kl']:.2e}",
                 row["seconds"],
             )
             bar.set_postfix(

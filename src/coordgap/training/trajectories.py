@@ -1,17 +1,27 @@
 """Rollouts as ART trajectories and groups: the interchange format of both trainers.
 
-A trajectory is one philosopher in one episode (DESIGN.md §6). Its histories are that
-philosopher's LLM calls, one history per call: philosophers are memoryless, so every call is
-a prompt of its own, and one history per call is also the layout ART tokenizes exactly
-(reference/art-grpo.md §8.6). Each call's sampled tokens become an OpenAI ``Choice`` whose
-log-probs name the token ids (``token_id:<id>``, as ART's vLLM runtime returns them), so ART's
-tokenizer trains on exactly the sampled ids and takes their sampler log-probs as the old
-policy's. Its reward is the episode's reward under the trained variant, shared by all seats.
+A trajectory is one philosopher in one episode. Its histories are that philosopher's LLM calls,
+one history per call: philosophers are memoryless, so every call is a prompt of its own, and
+one history per call is also the layout ART 0.5.18 tokenizes exactly (with several calls in one
+history, ART re-renders the earlier tool calls' markup beside the sampled tokens). Its reward is
+the episode's reward under the trained variant, shared by all seats (seats are symmetric, so a
+group pools every philosopher of its episodes).
+
+Each call becomes the assistant turn ART trains on, an OpenAI ``Choice`` whose log-probs name
+its token ids (``token_id:<id>``, as ART's vLLM runtime returns them):
+
+* a free decision: the sampled tokens with their sampler log-probs, which ART trains
+  token by token;
+* a constrained decision (``DecisionChoice``): a single position whose log-prob is the
+  choice's, log mu_old(k), carrying the candidates and the choice. ART's preprocessing then
+  computes advantages, weights and normalisation per *decision*, and the trainer puts
+  log mu_theta(k) at that position, so ART's loss works on the six-way policy that acted.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -31,18 +41,26 @@ if TYPE_CHECKING:
 REWARD_DECIMALS = 9
 
 
-def sampled_choice(completion: str, token_ids: Sequence[int], logprobs: Sequence[float]) -> Choice:
-    """A chat-completion choice carrying the sampled tokens and their sampler log-probs.
+class DecisionChoice(Choice):
+    """A constrained decision as ART trains it: one position, the six-way choice's log-prob.
 
-    Args:
-        completion: The sampled text (special tokens included).
-        token_ids: The sampled token ids.
-        logprobs: Their log-probs under the sampling policy.
+    Its one "token" is the chosen call's first token, a placeholder: the trainer scores the
+    candidates after the prompt itself (``coordgap.training.grpo``).
 
-    Returns:
-        The ``Choice`` ART trains on.
+    Attributes:
+        candidates: The token ids of every candidate call, as the sampler scored them.
+        chosen: The index of the chosen candidate.
     """
-    return Choice(
+
+    candidates: list[list[int]]
+    chosen: int
+
+
+def _choice(
+    completion: str, token_ids: Sequence[int], logprobs: Sequence[float], **decision: Any
+) -> Choice:
+    """A chat-completion choice whose trainable tokens are ``token_ids`` with ``logprobs``."""
+    return (DecisionChoice if decision else Choice)(
         finish_reason="stop",
         index=0,
         message=ChatCompletionMessage(role="assistant", content=completion),
@@ -54,19 +72,53 @@ def sampled_choice(completion: str, token_ids: Sequence[int], logprobs: Sequence
                 for token, logprob in zip(token_ids, logprobs, strict=True)
             ]
         ),
+        **decision,
+    )
+
+
+def sampled_choice(call: dict[str, Any], temperature: float) -> Choice:
+    """The assistant turn ART trains on for one transcript row (see the module docstring).
+
+    Args:
+        call: A transcript row (``coordgap.data.TRANSCRIPT_SCHEMA``).
+        temperature: The run's rollout temperature, which the trainer's log-probs use.
+
+    Returns:
+        A ``Choice`` of the sampled tokens (free decoding) or a ``DecisionChoice`` (constrained).
+
+    Raises:
+        ValueError: The call was sampled at another temperature: its recorded log-probs are
+            not those of the policy the trainer would compare them with.
+    """
+    recorded = call.get("temperature")
+    if recorded is not None and not math.isclose(recorded, temperature):
+        raise ValueError(
+            f"a transcript sampled at temperature {recorded} cannot train a run at {temperature}"
+        )
+    if call.get("candidates") is None:
+        return _choice(call["completion"], call["token_ids"], call["logprobs"])
+    candidates = [list(c) for c in call["candidates"]]
+    chosen = call["choice"]
+    return _choice(
+        call["completion"],
+        candidates[chosen][:1],
+        [call["choice_logprob"]],
+        candidates=candidates,
+        chosen=chosen,
     )
 
 
 def philosopher_trajectory(
-    calls: Sequence[dict[str, Any]], reward: float, metadata: dict[str, Any]
+    calls: Sequence[dict[str, Any]], reward: float, metadata: dict[str, Any], temperature: float
 ) -> art.Trajectory:
     """One philosopher's trajectory in one episode.
 
     Args:
         calls: The philosopher's transcript rows in round order (``messages`` and ``tools``
-            as JSON, ``completion``, ``token_ids``, ``logprobs``; DESIGN.md §5).
+            as JSON; ``coordgap.data.TRANSCRIPT_SCHEMA``).
         reward: The episode's reward.
         metadata: Scalars identifying the trajectory (episode, seat, ...).
+        temperature: The run's rollout temperature.
 
     Returns:
         A trajectory whose first call is its main history and later calls are
@@ -74,10 +126,7 @@ def philosopher_trajectory(
     """
     histories = [
         art.trajectories.History(
-            messages_and_choices=[
-                *json.loads(call["messages"]),
-                sampled_choice(call["completion"], call["token_ids"], call["logprobs"]),
-            ],
+            messages_and_choices=[*json.loads(call["messages"]), sampled_choice(call, temperature)],
             # A served model's prompt had the tools rendered in by its chat template; ART's
             # tokenizer must render the same ones.
             tools=json.loads(call["tools"]) if call.get("tools") else None,
@@ -98,7 +147,7 @@ def episode_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int,
     """Each episode's reward under the run's trained variant and weights, rounded.
 
     Args:
-        episodes: An episode table (DESIGN.md §5).
+        episodes: An episode table (``coordgap.data.EPISODE_SCHEMA``).
         run: The training run.
 
     Returns:
@@ -115,9 +164,8 @@ def trajectory_groups(
 ) -> list[art.TrajectoryGroup]:
     """The GRPO groups of one step's rollouts.
 
-    Episode ``e`` belongs to group ``e // episodes_per_group`` (one scenario per group). A
-    pooled group holds every philosopher of its episodes (seats are symmetric); ``per_seat``
-    makes one group per seat. Episodes that ended in an error are left out.
+    Episode ``e`` belongs to group ``e // episodes_per_group`` (one scenario per group), which
+    holds every philosopher of its episodes. Episodes that ended in an error are left out.
 
     Args:
         episodes: The step's episode table.
@@ -125,18 +173,17 @@ def trajectory_groups(
         run: The training run.
 
     Returns:
-        The groups, in (group, seat) order; ART drops those whose rewards are all equal.
+        The groups, in group order; ART drops those whose rewards are all equal.
     """
     rewards = episode_rewards(episodes, run)
-    groups: dict[tuple[int, int], list[art.Trajectory]] = {}
+    groups: dict[int, list[art.Trajectory]] = {}
     calls = transcripts.sort("episode", "philosopher", "round")
     for (episode, seat), rows in calls.group_by(["episode", "philosopher"], maintain_order=True):
         if episode not in rewards:
             continue
         group = episode // run.episodes_per_group
-        key = (group, seat if run.grouping == "per_seat" else 0)
         metadata = {"episode": episode, "philosopher": seat, "group": group}
-        groups.setdefault(key, []).append(
-            philosopher_trajectory(rows.to_dicts(), rewards[episode], metadata)
+        groups.setdefault(group, []).append(
+            philosopher_trajectory(rows.to_dicts(), rewards[episode], metadata, run.temperature)
         )
     return [art.TrajectoryGroup(groups[key]) for key in sorted(groups)]
