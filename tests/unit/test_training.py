@@ -57,9 +57,9 @@ TEMPLATES = PromptTemplates.load(ROOT / "config" / "prompts")
 SIX = TOOLS[Protocol.TOOLS6]
 # The decision-level ratio mu_theta(k) / mu_old(k) on the unchanged policy: |log ratio| at most
 # (largest, mean), about twice the worst measured over the oneDNN kernel paths
-# (benchmarks/README.md, "Numerics": bf16 0.16 / 0.06 where the CPU lacks bf16 instructions,
-# 2e-6 where it has them; float32 1.2e-5 / 4e-6).
-DECISION_BOUNDS = {"float32": (1e-4, 1e-5), "bfloat16": (0.3, 0.1)}
+# (benchmarks/README.md, "Numerics": bf16 0.26 / 0.06, float32 2e-5 / 5e-6). The sampler
+# scores after a cached prefix and the trainer in one pass, which bf16 rounds differently.
+DECISION_BOUNDS = {"float32": (1e-4, 1e-5), "bfloat16": (0.5, 0.15)}
 
 
 def tiny_run(**changes: object) -> TrainingRunConfig:

@@ -29,7 +29,9 @@ Departures from ART's loop (README, "GRPO training", lists them with whether eac
 * The base model computes in its configured dtype (bf16 by default); ART loads it in 4 bits.
 * AdamW keeps its moments in float32 (ART's ``paged_adamw_8bit`` needs bitsandbytes on a GPU).
 * The output layer runs in float32, and only where a trained position is predicted.
-* Eager attention (PyTorch's fused CPU attention is slower backwards); ART uses Unsloth's.
+* The model, and so the rollouts, attend with PyTorch's SDPA, as every evaluation cell does;
+  the update's forward and backward passes attend eagerly (faster backwards on a CPU under the
+  candidates' 4D mask; the two differ by rounding only). ART uses Unsloth's kernels.
 * Each row runs at its own length instead of padded to a multiple of 2048 tokens: the padding
   is masked out of the loss, and causal attention never lets a token see what follows it.
 * ART's warm-up (one optimizer step at learning rate 1e-9 on the first row, which seeds Adam's
@@ -56,6 +58,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coordgap import preemption
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.local import (
+    ATTENTION,
     DTYPES,
     LocalChatModel,
     additive_mask,
@@ -175,11 +178,12 @@ class TorchGRPOTrainer:
         self.run = run
         self._base = base
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
-        # Eager attention, unlike the sampler's SDPA: PyTorch's fused CPU attention is slow
-        # backwards (a row took 1.4 s against eager's 1.2 s); the two agree to the bf16 bound
-        # benchmarks/README.md states for the importance ratio.
+        # The sampler's attention, which every evaluation cell uses too: the rollouts share this
+        # model, so the policy that acts is the policy the checkpoints are tested as. (In bf16,
+        # eager attention rounds its probabilities to bf16 and expresses a small update even
+        # less than SDPA does; the update uses it only for its faster backward: log_probs.)
         model = AutoModelForCausalLM.from_pretrained(
-            weights, dtype=DTYPES[base["dtype"]], attn_implementation="eager"
+            weights, dtype=DTYPES[base["dtype"]], attn_implementation=ATTENTION
         ).to(device)
         if adapter is None:
             lora = LoraConfig(
@@ -322,9 +326,12 @@ class TorchGRPOTrainer:
             A ``[1, length]`` float32 tensor, differentiable through the adapter, and the
             number of tokens the forward pass ran.
         """
-        if isinstance(choice, DecisionChoice):
-            return self._decision_log_probs(inputs, choice)
-        return self._token_log_probs(inputs)
+        # Eager attention: under the candidates' 4D mask PyTorch's SDPA runs its CPU backward
+        # about 25 % slower (2.1 s a row against 1.7 s).
+        with _attention(self.model, "eager"):
+            if isinstance(choice, DecisionChoice):
+                return self._decision_log_probs(inputs, choice)
+            return self._token_log_probs(inputs)
 
     def _token_log_probs(self, inputs: TrainInputs) -> tuple[torch.Tensor, int]:
         """A free decision's sampled tokens at the rollout temperature (see ``log_probs``)."""
@@ -534,6 +541,17 @@ class _Probe(NamedTuple):
 
     current: torch.Tensor
     kl: float
+
+
+@contextmanager
+def _attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+    """Attend with ``implementation`` for a while (transformers looks it up every forward)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 @contextmanager
