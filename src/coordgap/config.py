@@ -195,6 +195,8 @@ class MonitorConfig:
         all_think_share: Flag a cell with at least this share of episodes whose every action
             was a think.
         no_call_rate: Flag a cell with at least this share of decisions without a tool call.
+        truncated_rate: Flag a cell with at least this share of decisions cut off by the
+            completion token limit.
         starvation_share: Flag a cell with at least this share of episodes in which a seat
             went without a meal while another ate.
     """
@@ -204,6 +206,7 @@ class MonitorConfig:
     degenerate_share: float
     all_think_share: float
     no_call_rate: float
+    truncated_rate: float
     starvation_share: float
 
     @classmethod
@@ -215,6 +218,7 @@ class MonitorConfig:
             degenerate_share=float(monitors["degenerate_share"]),
             all_think_share=float(monitors["all_think_share"]),
             no_call_rate=float(monitors["no_call_rate"]),
+            truncated_rate=float(monitors["truncated_rate"]),
             starvation_share=float(monitors["starvation_share"]),
         )
 
@@ -238,6 +242,22 @@ def cell_episodes(config: dict[str, Any], model: str) -> int:
     if entry["kind"] != "scripted" and entry["episodes_per_cell"] is not None:
         return int(entry["episodes_per_cell"])
     return int(config["experiment"]["episodes_per_cell"])
+
+
+def accepted_error_share(config: dict[str, Any]) -> float:
+    """The largest share of ``error`` episodes a cell may have and still be written.
+
+    Jobs read it from the config, not from their params: it decides whether a cell is accepted,
+    not what its episodes are, so changing it must not replay the cells already written (paid
+    API calls among them).
+
+    Args:
+        config: The validated config.
+
+    Returns:
+        ``experiment.max_error_share``.
+    """
+    return float(config["experiment"]["max_error_share"])
 
 
 # Marks a value the user must fill in (config/paper.yaml's API model names): plans and dry runs

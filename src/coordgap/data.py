@@ -45,6 +45,7 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     "think": pl.Int64(),
     "failed": pl.Int64(),
     "no_call": pl.Int64(),
+    "truncated": pl.Int64(),  # no_call decisions cut off by the completion token limit
     "r_nd": pl.Float64(),
     "r_thru": pl.Float64(),
     "r_fair": pl.Float64(),

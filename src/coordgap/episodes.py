@@ -77,7 +77,7 @@ class EpisodeRecorder:
         self._history: list[deque[PastTurn]] = [deque(maxlen=env.history) for _ in range(table.n)]
         self._calls: Counter[str] = Counter()
         self._outcomes: Counter[Outcome] = Counter()
-        self._transport_errors = 0
+        self._no_call_reasons: Counter[NoCallReason] = Counter()
         self._tokens_in = self._tokens_out = 0
         self._latency = 0.0
         self._deadlocks = 0
@@ -98,8 +98,8 @@ class EpisodeRecorder:
         reason = decision.no_call_reason if decision.tool is None else result.reason
         if tool is not None:
             self._calls[tool] += 1
-        if decision.no_call_reason is NoCallReason.TRANSPORT_ERROR:
-            self._transport_errors += 1
+        if decision.no_call_reason is not None:
+            self._no_call_reasons[decision.no_call_reason] += 1
         self._outcomes[result.outcome] += 1
         self._tokens_in += decision.tokens_in
         self._tokens_out += decision.tokens_out
@@ -156,7 +156,7 @@ class EpisodeRecorder:
             "tie_break": self.env.tie_break.value,
             "rounds": self.env.rounds,
             "rounds_run": self.round,
-            "status": "error" if self._transport_errors else "ok",
+            "status": "error" if self._no_call_reasons[NoCallReason.TRANSPORT_ERROR] else "ok",
             "deadlock": self._deadlocks > 0,
             "deadlock_round": self._deadlock_round,
             "deadlocks": self._deadlocks,
@@ -168,6 +168,7 @@ class EpisodeRecorder:
             "think": think,
             "failed": self._outcomes[Outcome.FAILED],
             "no_call": self._outcomes[Outcome.NO_CALL],
+            "truncated": self._no_call_reasons[NoCallReason.TRUNCATED],
             "r_nd": reward.r_nd,
             "r_thru": reward.r_thru,
             "r_fair": reward.r_fair,

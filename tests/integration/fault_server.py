@@ -19,12 +19,12 @@ import argparse
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+
+from tests.integration.loopback import LoopbackHandler, LoopbackServer
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from types import TracebackType
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
@@ -44,6 +44,7 @@ class Behaviour:
         headers: Extra headers of a ``body`` answer (Content-Type, Content-Encoding, ...).
         cut_after: Send only this many bytes of ``body`` (its full length declared), then
             close the connection: a reply cut off in transit.
+        finish_reason: The finish_reason of a 200 answer; None for what its content implies.
     """
 
     status: int = 200
@@ -55,6 +56,7 @@ class Behaviour:
     body: bytes | None = None
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
     cut_after: int | None = None
+    finish_reason: str | None = None
 
 
 def ok(name: str, arguments: str = "{}", delay_s: float = 0.0) -> Behaviour:
@@ -70,6 +72,13 @@ def fixed_latency(ms: float, name: str = "think") -> Behaviour:
 def text_only(text: str = "I would like to eat now.") -> Behaviour:
     """Text and no tool call."""
     return Behaviour(content=text)
+
+
+def cut_off(content: str | None = "Let me think about the forks", *calls: str) -> Behaviour:
+    """A reply that ended at the completion token limit (``finish_reason: length``)."""
+    return Behaviour(
+        content=content, calls=tuple((name, "{}") for name in calls), finish_reason="length"
+    )
 
 
 def empty() -> Behaviour:
@@ -133,7 +142,7 @@ class RecordedRequest:
     body: dict[str, Any]
 
 
-class FaultServer:
+class FaultServer(LoopbackServer):
     """The scripted server, run in a background thread while used as a context manager.
 
     Attributes:
@@ -143,6 +152,7 @@ class FaultServer:
     def __init__(self, script: Sequence[Behaviour], port: int = 0) -> None:
         if not script:
             raise ValueError("the script needs at least one behaviour")
+        super().__init__(_Handler, port)
         self.requests: list[RecordedRequest] = []
         self._script = list(script)
         # Requests answered from the current script (restart begins a new one).
@@ -150,37 +160,16 @@ class FaultServer:
         self._lock = threading.Lock()
         # Set on shutdown so that delayed answers (hang) stop waiting at once.
         self._stopping = threading.Event()
-        self._http = _HTTPServer(("127.0.0.1", port), _Handler)
-        self._http.fault = self
-        # A short poll interval makes shutdown, hence every test's teardown, quick.
-        self._thread = threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        """The loopback port the server listens on."""
-        return self._http.server_address[1]
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL of the server, ``http://127.0.0.1:<port>/v1``."""
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def __enter__(self) -> FaultServer:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """Stop serving; delayed answers (hang) stop waiting at once."""
         self._stopping.set()
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join()
+        super().close()
 
     def restart(self, script: Sequence[Behaviour]) -> None:
         """Answer from the next request on with ``script``, from its first behaviour.
@@ -201,25 +190,13 @@ class FaultServer:
             return self._script[min(self._served, len(self._script)) - 1]
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    # The default backlog of 5 drops connections when 64 clients connect at once.
-    request_queue_size = 256
-    fault: FaultServer
-
-
-class _Handler(BaseHTTPRequestHandler):
-    # HTTP/1.1 keeps connections alive, as real model servers do; every answer has a length.
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; Nagle would hold the second back for an ACK.
-    disable_nagle_algorithm = True
-    server: _HTTPServer
-
+class _Handler(LoopbackHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path != "/v1/chat/completions":
             self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
-        fault = self.server.fault
+        fault = self.server.owner
         behaviour = fault._next(RecordedRequest(dict(self.headers.items()), body))
         if behaviour.delay_s and fault._stopping.wait(behaviour.delay_s):
             return
@@ -231,9 +208,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(behaviour)
         else:
             self._send(200, _completion(behaviour, body.get("model", "fault")))
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Stay quiet: a test's output should be its own."""
 
     def _send_error(self, behaviour: Behaviour) -> None:
         message = f"scripted HTTP {behaviour.status}"
@@ -301,7 +275,7 @@ def _completion(behaviour: Behaviour, model: str) -> dict[str, Any]:
     choice = {
         "index": 0,
         "message": message_body(behaviour.content, behaviour.calls),
-        "finish_reason": "tool_calls" if behaviour.calls else "stop",
+        "finish_reason": behaviour.finish_reason or ("tool_calls" if behaviour.calls else "stop"),
     }
     return completion_body(model, [choice])
 

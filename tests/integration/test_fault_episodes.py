@@ -5,11 +5,14 @@ hallucinated tools, invalid JSON arguments, 429 with Retry-After, 500s, hangs pa
 timeout, a proxy's HTML error page and a completion without choices. Every episode must
 complete or be marked ``error``; no malformed reply may be counted as an action; and the API
 key must appear in no output and no log. A refused key stops its own cell at once, and the
-other cells go on (the default profile's ``keep-going``).
+other cells go on (the default profile's ``keep-going``). A cell of error episodes (an
+endpoint that is down) fails its job instead of passing as a result.
 """
 
 from __future__ import annotations
 
+import re
+import socket
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -72,6 +75,7 @@ def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
             "top_p": 1.0,
             "max_tokens": 64,
             "extra_body": {},
+            "model_kwargs": {},
             "tool_choice": "auto",
             "timeout_s": 0.5,
             "max_retries": 1,
@@ -83,7 +87,13 @@ def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
         }
         | settings
     }
-    config["experiment"] = {"sizes": [3], "episodes_per_cell": 6}
+    # These tests are about each decision: their cells keep every error episode.
+    config["experiment"] = {
+        **config["experiment"],
+        "sizes": [3],
+        "episodes_per_cell": 6,
+        "max_error_share": 1.0,
+    }
     config["analysis"] = {
         **tiny_config["analysis"],
         "comparisons": [],
@@ -219,4 +229,32 @@ def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
     for text in (log, output):
         assert f"check the API key in environment variable {KEY_VARIABLE}" in text
         assert f"{server.base_url} refused the request with HTTP 401" in text
+    _assert_secret_nowhere(project, output)
+
+
+def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
+    tmp_path, tiny_config, monkeypatch
+):
+    monkeypatch.setenv(KEY_VARIABLE, SECRET)
+    # A port nobody listens on: every call is refused, as by an endpoint that is down.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base_url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    config = _config(tiny_config, base_url, max_retries=0)
+    config["experiment"]["max_error_share"] = 0.05
+    project = copy_workflow(tmp_path / "project", config)
+    result = run(
+        project, "snakemake", "--cores", "1", "results/episodes/faulty/n3.parquet", check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert not (project / "results/episodes/faulty/n3.parquet").exists()
+    log = (project / "logs/generate_episodes/faulty/n3.log").read_text()
+    assert "faulty n=3: 6 of 6 episodes ended in error" in log
+    assert re.search(r"failed calls: \d+ x \w*ConnectionError", log)
+    # Every warning of a failed call names the endpoint and the model.
+    assert f"{base_url}, model 'faulty-model': no decision after 1 attempt(s)" in log
+    # Nothing was kept: a rerun plays all six again.
+    journal = project / "results/episodes/faulty/n3.partial"
+    assert not list(journal.glob("e*.parquet"))
     _assert_secret_nowhere(project, output)

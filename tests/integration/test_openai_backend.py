@@ -18,11 +18,12 @@ import pytest
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.remote import KEYLESS_PLACEHOLDER, MissingAPIKeyError, OpenAICompatible
-from coordgap.policies.replies import MAX_REPLY_BYTES, EndpointAuthError
+from coordgap.policies.replies import MAX_REPLY_BYTES, EndpointAuthError, EndpointRequestError
 from tests.integration.fault_server import (
     Behaviour,
     FaultServer,
     completion_body,
+    cut_off,
     empty,
     failing,
     fixed_latency,
@@ -321,12 +322,49 @@ def test_persistent_5xx_ends_as_a_transport_error_naming_class_and_status() -> N
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
-def test_a_client_error_is_not_retried(status: int) -> None:
-    (decision,), server, model, _ = play([failing(status), ok("eat")])
-    assert decision.no_call_reason is NoCallReason.TRANSPORT_ERROR
-    assert f"HTTP {status}" in decision.raw
-    assert len(server.requests) == 1
-    assert model.stats.retries == 0
+def test_a_refused_request_stops_at_once_naming_endpoint_model_and_message(status: int) -> None:
+    with pytest.raises(EndpointRequestError) as raised:
+        play([failing(status), ok("eat")])
+    message = str(raised.value)
+    assert f"refused the request for model 'fault-model' with HTTP {status}" in message
+    assert f"scripted HTTP {status}" in message  # what the provider said
+    assert "http://127.0.0.1:" in message
+    assert raised.value.__suppress_context__
+
+
+def test_a_refused_request_never_quotes_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server quotes the presented Authorization header in its 400's message.
+    monkeypatch.setenv("COORDGAP_TEST_KEY", "sk-refused-4c1d9e")
+    with pytest.raises(EndpointRequestError) as raised:
+        play([Behaviour(status=400, echo_key=True)], api_key_env="COORDGAP_TEST_KEY")
+    message = str(raised.value)
+    assert "sk-refused" not in message
+    assert "Bearer [key]" in message
+    assert "COORDGAP_TEST_KEY" in message
+
+
+def test_null_sampling_settings_are_left_out_of_the_request() -> None:
+    _, server, _, _ = play([ok("eat")], temperature=None, top_p=None)
+    body = server.requests[0].body
+    assert "temperature" not in body
+    assert "top_p" not in body
+    _, server, _, _ = play([ok("eat")], temperature=0.3, top_p=None)
+    assert server.requests[0].body["temperature"] == 0.3
+    assert "top_p" not in server.requests[0].body
+
+
+def test_model_kwargs_reach_the_request_and_may_not_repeat_the_entry() -> None:
+    _, server, _, _ = play([ok("eat")], model_kwargs={"reasoning_effort": "low"})
+    assert server.requests[0].body["reasoning_effort"] == "low"
+    with pytest.raises(ValueError, match="model_kwargs may not set temperature"):
+        OpenAICompatible(model="m", model_kwargs={"temperature": 0.5})
+
+
+def test_a_reply_cut_off_by_the_token_limit_is_truncated_not_a_no_call() -> None:
+    decisions, _, _, _ = play([cut_off(), cut_off(""), cut_off(None, "eat")], calls=3)
+    assert [d.no_call_reason for d in decisions[:2]] == [NoCallReason.TRUNCATED] * 2
+    # A valid call that happens to end at the limit is still the call.
+    assert decisions[2].tool is Tool.EAT
 
 
 def test_a_hang_times_out_retries_and_ends_in_bounded_time() -> None:

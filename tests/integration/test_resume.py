@@ -31,7 +31,7 @@ EXIT_WITHIN_S = 10.0
 def _config() -> dict:
     config = yaml.safe_load(TINY_CONFIG.read_text())
     config["models"] = {"random": {"kind": "scripted", "policy": "random"}}
-    config["experiment"] = {"sizes": [6], "episodes_per_cell": 300}
+    config["experiment"] = {**config["experiment"], "sizes": [6], "episodes_per_cell": 300}
     config["analysis"] = {
         **config["analysis"],
         "comparisons": [],
@@ -109,7 +109,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
     calls_per_episode, in_flight, episodes = 9, 2, 8
     quick = calls_per_episode * in_flight
     config = dict(tiny_config)
-    config["experiment"] = {"sizes": [3], "episodes_per_cell": episodes}
+    config["experiment"] = {**config["experiment"], "sizes": [3], "episodes_per_cell": episodes}
     config["analysis"] = {
         **tiny_config["analysis"],
         "comparisons": [],
@@ -128,6 +128,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
                 "top_p": 1.0,
                 "max_tokens": 16,
                 "extra_body": {},
+                "model_kwargs": {},
                 "tool_choice": "auto",
                 "timeout_s": 300.0,
                 "max_retries": 0,

@@ -168,6 +168,7 @@ def test_a_checkpoint_is_served_with_the_lora_arguments_and_asked_for_by_name(tm
         "model": "smollm2",
         "api_key_env": None,
         "extra_body": {},
+        "model_kwargs": {},
         # What checkpoint_model adds to a base model's entry.
         "adapter": str(adapter),
         "serve": {
@@ -197,7 +198,7 @@ def _served_study(tiny_config: dict, key_file: Path) -> dict:
     command = ["sh", "-c", f'printf %s "$API_KEY" > {key_file}; exec "$0" "$@"', *_command()]
     config = copy.deepcopy(tiny_config)
     config["environment"]["rounds"] = 2
-    config["experiment"] = {"sizes": [3, 4], "episodes_per_cell": 2}
+    config["experiment"] = {**config["experiment"], "sizes": [3, 4], "episodes_per_cell": 2}
     config["models"] = {
         "resource_hierarchy": config["models"]["resource_hierarchy"],
         "smollm2-served": {
@@ -210,6 +211,7 @@ def _served_study(tiny_config: dict, key_file: Path) -> dict:
             "top_p": 1.0,
             "max_tokens": 48,
             "extra_body": {"max_tokens": 48},  # llama-cpp-python reads max_tokens only
+            "model_kwargs": {},
             "tool_choice": "auto",
             "timeout_s": 120,
             "max_retries": 1,

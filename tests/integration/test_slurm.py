@@ -96,7 +96,7 @@ def _small_config(tiny_config: dict) -> dict:
     """The tiny design cut to three Slurm jobs: two policies, one size, two short episodes."""
     config = copy.deepcopy(tiny_config)
     config["models"] = {name: config["models"][name] for name in ("resource_hierarchy", "silent")}
-    config["experiment"] = {"sizes": [3], "episodes_per_cell": 2}
+    config["experiment"] = {**config["experiment"], "sizes": [3], "episodes_per_cell": 2}
     config["environment"]["rounds"] = 2
     config["analysis"]["bootstrap_resamples"] = 100  # the schema's minimum
     config["analysis"]["comparisons"] = [["silent", "resource_hierarchy"]]

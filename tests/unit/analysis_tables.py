@@ -51,6 +51,7 @@ MONITORS = MonitorConfig(
     degenerate_share=0.5,
     all_think_share=0.5,
     no_call_rate=0.5,
+    truncated_rate=0.01,
     starvation_share=0.5,
 )
 
@@ -74,10 +75,14 @@ def episode(
     think: int = 0,
     failed: int = 0,
     no_call: int = 0,
+    truncated: int = 0,
     status: str = "ok",
     tokens: tuple[int, int, float] = (0, 0, 0.0),
 ) -> dict[str, Any]:
-    """Make one episode row whose reward components follow from its counts."""
+    """Make one episode row whose reward components follow from its counts.
+
+    ``truncated`` of the ``no_call`` decisions were cut off by the token limit.
+    """
     meals = meals if meals is not None else [0] * n
     eaten = sum(meals)
     actions = think + eaten + failed  # every meal is one successful eat call
@@ -110,6 +115,7 @@ def episode(
         "think": think,
         "failed": failed,
         "no_call": no_call,
+        "truncated": truncated,
         "r_nd": parts.r_nd,
         "r_thru": parts.r_thru,
         "r_fair": parts.r_fair,

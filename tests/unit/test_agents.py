@@ -10,12 +10,13 @@ import polars as pl
 import pytest
 
 from coordgap.agents.graphs import philosopher_graph, play_episode_graph, table_graph
-from coordgap.agents.runner import Cell, CellOutputs, run_cell
+from coordgap.agents.runner import Cell, CellErrors, CellOutputs, run_cell
 from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import EpisodeSeeds
 from coordgap.env.table import TurnOrder
 from coordgap.episodes import play_episode
 from coordgap.policies.adapters import ScriptedAgentPolicy
+from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.scripted import make_scripted_policy
 
 pytestmark = pytest.mark.unit
@@ -127,3 +128,64 @@ def test_runner_discards_a_journal_written_with_other_settings(tmp_path):
     assert episodes["episode"].to_list() == [0, 1, 2]
     assert episodes["model"].to_list() == ["random"] * 3
     assert not outputs.journal.exists()
+
+
+class _UnreachablePolicy:
+    """Every call fails in transport, as against an endpoint that is down."""
+
+    async def adecide(self, observation):
+        return Decision(
+            tool=None, no_call_reason=NoCallReason.TRANSPORT_ERROR, raw="APIConnectionError"
+        )
+
+
+def _factory_failing(env: EnvironmentConfig, failing: set[int], made: list[int]):
+    """Scripted policies, but the episodes made in the places ``failing`` names fail."""
+    healthy = _counting_factory(env, {"now": 0, "peak": 0})
+
+    def make(n, seed, rng):
+        made.append(seed)
+        if len(made) - 1 in failing:
+            return _UnreachablePolicy()
+        return healthy(n, seed, rng)
+
+    return make
+
+
+def test_a_cell_with_too_many_error_episodes_fails_and_its_rerun_replays_only_them(tmp_path):
+    env = _env("tools6", "simultaneous", history=0)
+    outputs = _outputs(tmp_path)
+    made: list[int] = []
+    # One episode in flight: policies are made in episode order, so 1 and 4 fail.
+    factory = _factory_failing(env, {1, 4}, made)
+    with pytest.raises(CellErrors, match=r"2 of 6 episodes ended in error") as raised:
+        asyncio.run(run_cell(_cell(env, 6), outputs, factory, 1, False, max_error_share=0.2))
+    assert raised.value.errors == 2
+    # Nobody holds a fork, so no deadlock ends an error episode: 5 rounds x 4 failed calls.
+    assert raised.value.kinds == {"APIConnectionError": 40}
+    assert "failed calls: 40 x APIConnectionError" in str(raised.value)
+    assert not outputs.episodes.exists()
+    kept = sorted(p.name for p in outputs.journal.glob("e*.episodes.parquet"))
+    assert kept == [f"e{i:06d}.episodes.parquet" for i in (0, 2, 3, 5)]
+
+    # The endpoint is back: the rerun plays exactly the two episodes that failed.
+    replayed: list[int] = []
+    asyncio.run(
+        run_cell(_cell(env, 6), outputs, _factory_failing(env, set(), replayed), 1, False, 0.2)
+    )
+    assert replayed == [made[1], made[4]]
+    episodes = pl.read_parquet(outputs.episodes)
+    assert episodes["status"].to_list() == ["ok"] * 6
+    # The same cell played at once, without failures, gives the same tables.
+    clean = _outputs(tmp_path / "clean")
+    asyncio.run(run_cell(_cell(env, 6), clean, _factory_failing(env, set(), []), 1, False))
+    assert pl.read_parquet(clean.episodes).equals(episodes)
+
+
+def test_a_cell_within_max_error_share_is_written_with_its_error_episodes(tmp_path):
+    env = _env("tools6", "simultaneous", history=0)
+    outputs = _outputs(tmp_path)
+    factory = _factory_failing(env, {1, 4}, [])
+    asyncio.run(run_cell(_cell(env, 6), outputs, factory, 1, False, max_error_share=0.5))
+    statuses = pl.read_parquet(outputs.episodes)["status"].to_list()
+    assert statuses == ["ok", "error", "ok", "ok", "error", "ok"]

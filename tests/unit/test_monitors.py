@@ -79,6 +79,23 @@ def test_thresholds_decide_the_flags() -> None:
     assert monitor(episodes, looser).row(0, named=True)["no_call"]
 
 
+def test_truncation_is_flagged_apart_from_no_calls() -> None:
+    # One decision of 50 cut off by the token limit: a no_call to the reward, and flagged.
+    meals = [1] * 5
+    rows = [
+        episode("cut", 5, i, meals=meals, no_call=1, truncated=int(i == 0), think=6)
+        for i in range(4)
+    ]
+    row = monitor(frame(rows), THRESHOLDS).row(0, named=True)
+    assert row["truncated_rate"] == pytest.approx(1 / 48)
+    assert row["no_call_rate"] == pytest.approx(4 / 48)
+    assert row["truncated"]
+    assert not row["no_call"]
+    assert flagged(row) == ["truncated"]
+    clean = frame([episode("clean", 5, i, meals=meals, no_call=1, think=6) for i in range(4)])
+    assert not monitor(clean, THRESHOLDS).row(0, named=True)["truncated"]
+
+
 def test_degenerate_reward_threshold_uses_the_paper_reward() -> None:
     # All-think episodes without a meal score 1.0 - 0.1 = 0.9 under the paper reward.
     episodes = frame([episode("idle", 5, i, think=25) for i in range(3)])

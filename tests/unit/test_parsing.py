@@ -7,7 +7,7 @@ from langchain_core.messages import AIMessage
 
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.policies.base import NoCallReason
-from coordgap.policies.parsing import parse_ai_message
+from coordgap.policies.parsing import parse_ai_message, parse_text_tool_calls
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +61,29 @@ def test_a_tool_of_the_other_protocol_is_unknown():
     reply = AIMessage(content="", tool_calls=[_call("grab_left")])
     assert parse_ai_message(reply, TOOLS6) == (None, NoCallReason.UNKNOWN_TOOL)
     assert parse_ai_message(reply, TOOLS[Protocol.DPBENCH4]) == (Tool.GRAB_LEFT, None)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{"finish_reason": "length"}, {"finish_reason": "MAX_TOKENS"}, {"stop_reason": "max_tokens"}],
+)
+def test_a_reply_cut_off_by_the_token_limit_is_truncated_unless_it_is_a_call(metadata):
+    # OpenAI-compatible servers, Gemini and Anthropic say it each their own way.
+    for content in ("", "Let me think about which fork"):
+        reply = AIMessage(content=content, response_metadata=metadata)
+        assert parse_ai_message(reply, TOOLS6) == (None, NoCallReason.TRUNCATED)
+    cut_call = AIMessage(content="", tool_calls=[_call("eat")], response_metadata=metadata)
+    assert parse_ai_message(cut_call, TOOLS6) == (Tool.EAT, None)
+    finished = AIMessage(content="", response_metadata={"finish_reason": "stop"})
+    assert parse_ai_message(finished, TOOLS6) == (None, NoCallReason.EMPTY)
+
+
+def test_a_text_reply_cut_off_is_truncated():
+    unclosed = '<tool_call>{"name": "eat", "argum'
+    assert parse_text_tool_calls(unclosed, TOOLS6) == (None, NoCallReason.BAD_ARGUMENTS)
+    assert parse_text_tool_calls(unclosed, TOOLS6, truncated=True) == (
+        None,
+        NoCallReason.TRUNCATED,
+    )
+    done = '<tool_call>{"name": "eat", "arguments": {}}'
+    assert parse_text_tool_calls(done, TOOLS6, truncated=True) == (Tool.EAT, None)

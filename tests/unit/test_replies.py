@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from langchain_core.exceptions import ModelAuthenticationError, ModelRateLimitError
 
-from coordgap.policies.replies import Failure, MalformedReply, classify_error
+from coordgap.policies.replies import Failure, MalformedReply, classify_error, provider_message
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +38,8 @@ def _raised(exc: Exception) -> Exception:
             Failure("ModelAuthenticationError", False, None, None, True),
         ),
         (_ProviderError(503), Failure("_ProviderError (HTTP 503)", True, None, 503)),
-        (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400)),
+        # A status no retry changes refuses the request itself: the job stops.
+        (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400, refused=True)),
         (ModelRateLimitError("slow down"), Failure("ModelRateLimitError", True)),
         (ConnectionResetError(), Failure("ConnectionResetError", True)),
         (
@@ -52,8 +55,21 @@ def test_every_error_is_a_failure_whose_label_hides_the_message(
     exc: Exception, expected: Failure, caplog: pytest.LogCaptureFixture
 ) -> None:
     failure = classify_error(_raised(exc))
-    assert failure == expected
+    # Where an unreadable reply was raised is for the log; the rest must be exactly this.
+    assert replace(failure, where=None) == expected
+    assert (failure.where is not None) == failure.label.endswith("(unreadable reply)")
     assert "sk-must-stay-secret" not in failure.label + caplog.text
+
+
+def test_a_provider_message_is_quoted_without_the_key() -> None:
+    key = "sk-proj-7c1e5b9a3d"
+    said = _ProviderError(400)
+    # Where openai's SDK keeps the provider's own words: the error object of the body.
+    said.body = {"message": f"Bad request  from key {key} (also {key[:12]}...)\n  see the docs"}
+    quoted = provider_message(said, key)
+    assert quoted == "Bad request from key [key] (also [key] see the docs"
+    assert provider_message(said, None).startswith("Bad request from key sk-proj")
+    assert len(provider_message(ValueError("x" * 2000), None)) == 500
 
 
 def test_a_malformed_reply_wrapped_by_an_sdk_is_still_named() -> None:

@@ -125,7 +125,8 @@ def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInp
     assert (
         "| silent | 5 | 6 | 0 | -0.100 [-0.100, -0.100] | 0.000 | degenerate, no_call |" in rewards
     )
-    assert "| crashed | 5 | 0 | 2 | n/a | n/a |" in rewards
+    # A cell with error episodes is marked, beside its Errors count.
+    assert "| crashed | 5 | 0 | 2 | n/a | n/a | errors |" in rewards
     assert "nan" not in text.lower()
     assert "r = 1.0 r_nd + 0.5 r_thru - 0.3 r_fair - 0.1 r_idle" in section(text, "Method")
     comparisons = section(text, "Comparisons")
@@ -140,7 +141,8 @@ def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInp
 def test_monitors_are_flagged_beside_their_model(report: tuple[str, ReportInputs, Path]) -> None:
     monitors = section(report[0], "Monitors")
     assert (
-        "| silent | 5 | 6 | 1.00 | 0.00 | 1.00 | 0.00 | **degenerate**, **no_call** |" in monitors
+        "| silent | 5 | 6 | 1.00 | 0.00 | 1.00 | 0.00 | 0.00 | **degenerate**, **no_call** |"
+        in monitors
     )
     assert "- **no_call**: silent (N=5, 7)" in monitors
     assert "- **all_think**: idle (N=5, 7)" in monitors

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs, generate_cell
 from coordgap.analysis.provenance import write_record
-from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
 
@@ -29,6 +29,7 @@ with job_log(snakemake.log[0], "generate_episodes") as log:
         # the names are asked for explicitly.
         weights=Path(snakemake.input.weights) if "weights" in snakemake.input.keys() else None,  # noqa: SIM118
         serve_host=snakemake.resources.serve_host,
+        max_error_share=accepted_error_share(snakemake.config),
     )
     # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
     write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

@@ -10,6 +10,12 @@ journal is merged, in episode order, into the final tables and removed.
 SIGTERM or SIGINT (Slurm preemption, Ctrl-C) cancels the episodes in flight: they are dropped,
 never journalled half-played, and the job exits non-zero within seconds (``coordgap.preemption``),
 so the rerun plays exactly the episodes that are not in the journal.
+
+A cell in which too many episodes ended in ``error`` (a call that failed in transport after its
+retries) is not written: a table of error episodes would look like a finished cell while the
+analysis leaves every one of them out. The job fails with the errors counted by kind
+(``CellErrors``), the error episodes leave the journal and the others stay, so a rerun once the
+endpoint is back replays exactly the episodes that failed, from their own seeds.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import shutil
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +52,32 @@ if TYPE_CHECKING:
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
 
 logger = logging.getLogger(__name__)
+
+
+class CellErrors(RuntimeError):
+    """Too many of a cell's episodes ended in ``error``: the cell is not written.
+
+    Args:
+        label: The cell, e.g. ``gpt-5.4 n=5``.
+        errors: Error episodes in the cell.
+        episodes: Episodes in the cell.
+        max_error_share: The share of error episodes a cell may have.
+        kinds: How many failed calls of the error episodes ended with each failure label
+            (the error class and HTTP status, or the check a reply failed).
+    """
+
+    def __init__(
+        self, label: str, errors: int, episodes: int, max_error_share: float, kinds: Counter[str]
+    ) -> None:
+        counted = ", ".join(f"{count} x {kind}" for kind, count in kinds.most_common())
+        super().__init__(
+            f"{label}: {errors} of {episodes} episodes ended in error, more than "
+            f"experiment.max_error_share = {max_error_share} allows; failed calls: {counted}. "
+            "The error episodes were dropped from the journal, the others kept: a rerun plays "
+            "only the ones that failed."
+        )
+        self.errors = errors
+        self.kinds = kinds
 
 
 @dataclass(frozen=True)
@@ -125,6 +158,7 @@ async def run_cell(
     make_policy: PolicyFactory,
     max_in_flight: int,
     progress: bool = True,
+    max_error_share: float = 0.0,
 ) -> None:
     """Play the cell's missing episodes and write its tables.
 
@@ -134,7 +168,11 @@ async def run_cell(
         make_policy: Builds a fresh policy for an episode from (n, policy seed, policy rng).
         max_in_flight: Episodes played at once.
         progress: Show a progress bar on stderr.
-        serve_host: Where a served model's server listens (``loopback`` or ``node``).
+        max_error_share: The largest share of ``error`` episodes the cell may have and still
+            be written.
+
+    Raises:
+        CellErrors: More than ``max_error_share`` of the episodes ended in ``error``.
     """
     done = _open_journal(cell, outputs)
     todo = [i for i in range(cell.episodes) if i not in done]
@@ -178,7 +216,35 @@ async def run_cell(
     finally:
         if bar is not None:
             bar.close()
+    _check_errors(cell, outputs, max_error_share)
     _merge_journal(cell, outputs)
+
+
+def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> None:
+    """Raise ``CellErrors`` when the journal holds too many error episodes, dropping them."""
+    journal = outputs.journal
+    rows = pl.concat(
+        [pl.read_parquet(_journal_part(journal, i, "episodes")) for i in range(cell.episodes)]
+    )
+    failed = rows.filter(pl.col("status") == "error")["episode"].to_list()
+    if len(failed) / cell.episodes <= max_error_share:
+        if failed:
+            logger.warning(
+                "%s n=%d: %d of %d episodes ended in error (within max_error_share %s)",
+                cell.model,
+                cell.n,
+                len(failed),
+                cell.episodes,
+                max_error_share,
+            )
+        return
+    steps = pl.concat([pl.read_parquet(_journal_part(journal, i, "steps")) for i in failed])
+    kinds = Counter(steps.filter(pl.col("reason") == "transport_error")["raw"].to_list())
+    # The episode part goes first: without it the episode is not done, whatever else is left.
+    for index in failed:
+        for table in ("episodes", "steps", "transcripts"):
+            _journal_part(journal, index, table).unlink()
+    raise CellErrors(f"{cell.model} n={cell.n}", len(failed), cell.episodes, max_error_share, kinds)
 
 
 def _merge_journal(cell: Cell, outputs: CellOutputs) -> None:
@@ -202,6 +268,7 @@ def generate_cell(
     checkpoint: str = "base",
     progress: bool = True,
     serve_host: str = "loopback",
+    max_error_share: float = 0.0,
 ) -> None:
     """Play one model x N cell (resuming a killed run) and write its three tables.
 
@@ -221,10 +288,14 @@ def generate_cell(
             whose adapter the model carries.
         progress: Show a progress bar on stderr.
         serve_host: Where a served model's server listens (``loopback`` or ``node``).
+        max_error_share: The largest share of ``error`` episodes the cell may have
+            (``experiment.max_error_share``).
 
     Raises:
         Preempted: A signal stopped the cell; finished episodes are journalled.
         EndpointAuthError: The model's endpoint refused its API key.
+        EndpointRequestError: The endpoint refused a request in a way no retry can change.
+        CellErrors: Too many episodes ended in ``error``.
         ServerStartError: A served model's server did not start.
     """
     cell = Cell(
@@ -232,4 +303,6 @@ def generate_cell(
     )
     opened = open_policy_factory(model, env, templates, weights, serve_host)
     with opened as (make_policy, max_in_flight):
-        preemption.run(run_cell(cell, outputs, make_policy, max_in_flight, progress))
+        preemption.run(
+            run_cell(cell, outputs, make_policy, max_in_flight, progress, max_error_share)
+        )

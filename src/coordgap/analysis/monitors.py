@@ -1,13 +1,16 @@
 """Degenerate-policy monitors: per model x N, the shares that give a degenerate policy away.
 
-A policy can score well on the paper reward by not playing. Four monitors look for that, each
-on the ``ok`` episodes of a cell (DESIGN.md §3 for the reward):
+A policy can score well on the paper reward by not playing, and an API model can look as if
+it did when its replies are cut off. Five monitors look for that, each on the ``ok`` episodes of
+a cell (DESIGN.md §3 for the reward):
 
 * ``degenerate``: the share of episodes without a meal that still score at least
   ``degenerate_reward`` under the paper reward (its maximum, 1.0, needs no action at all);
 * ``all_think``: the share of episodes in which every action was a think (a collapse to
   idling; an episode without any action is not one, it is a no-call);
 * ``no_call``: the share of decisions that carried no parseable tool call;
+* ``truncated``: the share of decisions cut off by the completion token limit before they held
+  a valid call (they count as no_call in the reward, which scores them near its maximum);
 * ``starvation``: the share of episodes in which a seat had no meal while another seat ate.
 
 A cell whose share reaches the monitor's threshold (config ``analysis.monitors``) is flagged;
@@ -34,6 +37,7 @@ MONITORS: dict[str, tuple[str, str]] = {
     "degenerate": ("degenerate_share", "degenerate_share"),
     "all_think": ("all_think_share", "all_think_share"),
     "no_call": ("no_call_rate", "no_call_rate"),
+    "truncated": ("truncated_rate", "truncated_rate"),
     "starvation": ("starvation_share", "starvation_share"),
 }
 
@@ -74,6 +78,9 @@ def monitor(episodes: pl.DataFrame, config: MonitorConfig) -> pl.DataFrame:
             pl.when(decisions > 0)
             .then(pl.col("no_call").filter(OK).sum() / decisions)
             .alias("no_call_rate"),
+            pl.when(decisions > 0)
+            .then(pl.col("truncated").filter(OK).sum() / decisions)
+            .alias("truncated_rate"),
         )
         .sort("model", "n")
     )

@@ -47,6 +47,8 @@ _MONITOR_TEXT = {
     "under the paper reward",
     "all_think": "share of episodes in which every action was a think",
     "no_call": "share of decisions without a parseable tool call",
+    "truncated": "share of decisions cut off by the completion token limit before they held a "
+    "valid call (no_call to the reward; raise max_tokens)",
     "starvation": "share of episodes in which a seat had no meal while another seat ate",
 }
 
@@ -179,7 +181,8 @@ def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: Anal
     flags = _flags(monitors)
     parts = [
         "## Rewards\n\nMean episode reward with its bootstrap interval and SD, under every "
-        "variant; the monitors' flags (see Monitors) stand beside the model."
+        "variant; the monitors' flags (see Monitors) stand beside the model, and `errors` marks "
+        "a cell with error episodes (left out of its statistics)."
     ]
     for variant in config.variants:
         rows = [
@@ -190,7 +193,9 @@ def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: Anal
                 str(row["errors"]),
                 _interval(*(row[column] for column in reward_columns(variant))),
                 _number(row[reward_sd_column(variant)]),
-                ", ".join(flags.get((row["model"], row["n"]), [])),
+                ", ".join(
+                    [*flags.get((row["model"], row["n"]), []), *(["errors"] * bool(row["errors"]))]
+                ),
             ]
             for row in summary.iter_rows(named=True)
         ]

@@ -16,7 +16,7 @@ import polars as pl
 
 from coordgap.agents.runner import CellOutputs, generate_cell
 from coordgap.analysis.provenance import write_record
-from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.data import TABLE_SCHEMAS
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
@@ -57,6 +57,7 @@ def play_checkpoint(
     templates: PromptTemplates,
     outputs: CellOutputs,
     serve_host: str = "loopback",
+    max_error_share: float = 0.0,
 ) -> None:
     """Play one cell with a checkpoint (resuming a killed job) and write its three tables.
 
@@ -74,6 +75,7 @@ def play_checkpoint(
         templates: Prompt templates.
         outputs: Where the tables go.
         serve_host: Where a served base model's server listens (``loopback`` or ``node``).
+        max_error_share: The largest share of ``error`` episodes the cell may have.
     """
     generate_cell(
         model=checkpoint_model(name, base, checkpoints, step),
@@ -87,6 +89,7 @@ def play_checkpoint(
         weights=weights,
         checkpoint=step_label(step),
         serve_host=serve_host,
+        max_error_share=max_error_share,
     )
 
 
@@ -122,6 +125,7 @@ def play_checkpoint_job(job: Any, name: str, step: int, n: int, episodes: int) -
             transcripts=Path(job.output.transcripts),
         ),
         serve_host=job.resources.serve_host,
+        max_error_share=accepted_error_share(job.config),
     )
     write_record(job.output.provenance, job.params.provenance, root=Path.cwd())
 

@@ -21,6 +21,9 @@ class NoCallReason(StrEnum):
     UNKNOWN_TOOL = "unknown_tool"
     BAD_ARGUMENTS = "bad_arguments"
     SEVERAL_CALLS = "several_calls"
+    # The reply was cut off by the completion token limit before it held a valid call: with
+    # a reasoning model, usually a limit too small for its thinking.
+    TRUNCATED = "truncated"
     TRANSPORT_ERROR = "transport_error"
 
 

@@ -756,7 +756,9 @@ class LocalChatModel:
         raw = self.tokenizer.decode(tokens, skip_special_tokens=True)
         reason = None
         if tool is None:
-            tool, reason = parse_text_tool_calls(raw, request.tools)
+            # A reply that never reached the end token ran into max_new_tokens.
+            truncated = not tokens or tokens[-1] != self._end_id
+            tool, reason = parse_text_tool_calls(raw, request.tools, truncated)
         return Decision(
             tool=tool,
             no_call_reason=reason,

@@ -54,15 +54,35 @@ _RULES: tuple[tuple[NoCallReason, Callable[[str, Sequence[_Call], frozenset[str]
 )
 
 
+# How each provider says that a reply ended at the completion token limit, as LangChain's
+# response_metadata holds it: OpenAI-compatible servers' finish_reason, Gemini's finishReason,
+# Anthropic's stop_reason.
+_TRUNCATION = (
+    ("finish_reason", "length"),
+    ("finish_reason", "MAX_TOKENS"),
+    ("stop_reason", "max_tokens"),
+)
+
+
 def _judge(
-    text: str, calls: Sequence[_Call], tools: Sequence[Tool]
+    text: str, calls: Sequence[_Call], tools: Sequence[Tool], truncated: bool = False
 ) -> tuple[Tool | None, NoCallReason | None]:
-    """Apply ``_RULES`` to the calls extracted from a reply."""
+    """Apply ``_RULES`` to the calls extracted from a reply.
+
+    A reply that was cut off by the token limit and is no valid call is ``TRUNCATED``,
+    whatever it would be otherwise: the model did not choose to send it as it is.
+    """
     allowed = frozenset(tool.value for tool in tools)
     for reason, fails in _RULES:
         if fails(text, calls, allowed):
-            return None, reason
+            return None, NoCallReason.TRUNCATED if truncated else reason
     return Tool(calls[0].name), None
+
+
+def is_truncated(reply: AIMessage) -> bool:
+    """Whether the provider says the reply ended at the completion token limit."""
+    metadata = reply.response_metadata
+    return any(metadata.get(key) == value for key, value in _TRUNCATION)
 
 
 def _decode_call(payload: str) -> _Call:
@@ -94,7 +114,7 @@ def _bare_calls(text: str) -> list[_Call]:
 
 
 def parse_text_tool_calls(
-    text: str, tools: Sequence[Tool]
+    text: str, tools: Sequence[Tool], truncated: bool = False
 ) -> tuple[Tool | None, NoCallReason | None]:
     """Find the one tool call in a model's text reply.
 
@@ -105,16 +125,17 @@ def parse_text_tool_calls(
     Args:
         text: The reply, special tokens removed.
         tools: The tools allowed at this table.
+        truncated: The reply ended at the token limit.
 
     Returns:
-        ``(tool, None)`` for exactly one valid call, otherwise ``(None, reason)``: EMPTY for a
-        blank reply, NO_CALL for text without a call, SEVERAL_CALLS for more than one call,
-        BAD_ARGUMENTS for malformed JSON or arguments other than ``{}``, UNKNOWN_TOOL for a
-        name that is not an allowed tool.
+        ``(tool, None)`` for exactly one valid call, otherwise ``(None, reason)``: TRUNCATED
+        for a reply cut off by the token limit, else EMPTY for a blank reply, NO_CALL for text
+        without a call, SEVERAL_CALLS for more than one call, BAD_ARGUMENTS for malformed JSON
+        or arguments other than ``{}``, UNKNOWN_TOOL for a name that is not an allowed tool.
     """
     blocks = [closed or unclosed for closed, unclosed in _TOOL_CALL.findall(text)]
     calls = [_decode_call(block) for block in blocks] if blocks else _bare_calls(text)
-    return _judge(text, calls, tools)
+    return _judge(text, calls, tools, truncated)
 
 
 def parse_ai_message(
@@ -131,8 +152,9 @@ def parse_ai_message(
 
     Returns:
         ``(tool, None)`` for exactly one valid call, otherwise ``(None, reason)`` with the same
-        reasons as ``parse_text_tool_calls``.
+        reasons as ``parse_text_tool_calls``; truncation is what the provider's metadata says
+        (``is_truncated``).
     """
     calls = [_Call(name=call["name"], arguments=call["args"]) for call in reply.tool_calls]
     calls += [_Call(decoded=False) for _ in reply.invalid_tool_calls]
-    return _judge(reply.text, calls, tools)
+    return _judge(reply.text, calls, tools, is_truncated(reply))

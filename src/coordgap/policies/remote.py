@@ -26,8 +26,10 @@ from coordgap.policies.base import Decision, NoCallReason, Transcript
 from coordgap.policies.parsing import parse_ai_message
 from coordgap.policies.replies import (
     EndpointAuthError,
+    EndpointRequestError,
     GatedHttpClient,
     classify_error,
+    provider_message,
     unrepresentable_call,
 )
 from coordgap.policies.tools import tool_schema
@@ -51,6 +53,26 @@ KEYLESS_PLACEHOLDER = "not-needed"
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 # tool_choice values passed through as they are; anything else names the one tool to call.
 _TOOL_CHOICE_MODES = frozenset({"auto", "required", "none"})
+# Chat-model arguments the backend sets from its own fields: model_kwargs may not set them too.
+_OWN_ARGUMENTS = frozenset(
+    {
+        "model",
+        "model_name",
+        "model_provider",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "timeout",
+        "max_retries",
+        "base_url",
+        "api_key",
+        "logprobs",
+        "extra_body",
+        "http_async_client",
+        "http_client",
+    }
+)
 
 
 class MissingAPIKeyError(RuntimeError):
@@ -90,13 +112,17 @@ class OpenAICompatible:
         provider: ``"openai"`` for any OpenAI-compatible endpoint (vLLM, llama.cpp, OpenAI,
             xAI, OpenRouter); any other value is a LangChain ``init_chat_model`` provider.
         api_key_env: The environment variable holding the API key; None for keyless servers.
-        temperature: Sampling temperature.
-        top_p: Nucleus-sampling mass.
+        temperature: Sampling temperature; None sends none (the provider's default), for
+            models that refuse the parameter.
+        top_p: Nucleus-sampling mass; None sends none.
         max_tokens: Completion token limit; None for the server's default. LangChain sends it
             as ``max_completion_tokens``; servers that read only ``max_tokens`` (llama-cpp-python)
             need ``extra_body={"max_tokens": ...}`` instead.
         extra_body: Extra request-body fields (openai only), e.g. Qwen3's
             ``{"chat_template_kwargs": {"enable_thinking": False}}``.
+        model_kwargs: Keyword arguments of the LangChain chat model, for settings a provider
+            names its own way: ``reasoning_effort`` (openai), ``thinking`` (anthropic),
+            ``thinking_level`` or ``thinking_budget`` (google_genai), ``default_headers``.
         tool_choice: ``"auto"``, ``"required"``, ``"none"`` or the name of the tool to call.
             llama.cpp's server answers ``"required"`` with HTTP 500; a tool name works there.
         timeout_s: Limit of one attempt, in seconds.
@@ -118,10 +144,11 @@ class OpenAICompatible:
     base_url: str | None = None
     provider: str = "openai"
     api_key_env: str | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
     max_tokens: int | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tool_choice: str = "auto"
     timeout_s: float = 60.0
     max_retries: int = 4
@@ -148,6 +175,13 @@ class OpenAICompatible:
             )
         if self.extra_body and self.provider != "openai":
             raise ValueError(f"extra_body needs provider 'openai', not {self.provider!r}")
+        if clashes := sorted(_OWN_ARGUMENTS & set(self.model_kwargs)):
+            raise ValueError(
+                f"model_kwargs may not set {', '.join(clashes)}: the model entry's own keys do"
+            )
+        if self.record_transcripts and self.temperature is None:
+            # A trainer needs the temperature the tokens were sampled at.
+            raise ValueError("a model whose calls are recorded for training needs a temperature")
         self._api_key = _read_api_key(self.api_key_env)
         self._chat_model = self._build_chat_model()
 
@@ -167,15 +201,16 @@ class OpenAICompatible:
             batch: Ignored: every call is its own request (the server batches).
 
         Returns:
-            The parsed decision. When every attempt failed, or one failed in a way a retry
-            cannot fix (a 4xx other than 401, 403, 408 and 429), a ``TRANSPORT_ERROR``
-            decision whose ``raw`` names only the error class and HTTP status, or the check a
-            malformed reply failed. Whatever the endpoint answers, the call returns a decision
-            or raises ``EndpointAuthError``.
+            The parsed decision. When every attempt failed, a ``TRANSPORT_ERROR`` decision
+            whose ``raw`` names only the error class and HTTP status, or the check a malformed
+            reply failed. Whatever the endpoint answers, the call returns a decision or raises
+            one of the two errors below.
 
         Raises:
             EndpointAuthError: The endpoint refused the key (HTTP 401 or 403): every later call
                 would fail too, so the job should stop rather than mark episodes ``error``.
+            EndpointRequestError: The endpoint refused the request in a way no retry changes
+                (a status other than 401, 403, 408, 429 and 5xx), for the same reason.
         """
         model = self._bind(tuple(tools))
         chat = convert_to_messages(messages)
@@ -200,21 +235,43 @@ class OpenAICompatible:
                         latency_s=time.perf_counter() - start,
                     )
                 failure = classify_error(exc)
+                # from None on both stops: the SDK's message may quote the refused key, and a
+                # traceback prints the context of an exception unless it is suppressed.
                 if failure.rejected_key:
-                    # from None: the SDK's message may quote the refused key, and a traceback
-                    # prints the context of an exception unless it is suppressed.
                     raise EndpointAuthError(
                         failure.status, self._endpoint, self.api_key_env
+                    ) from None
+                if failure.refused:
+                    secret = None if self._api_key is None else self._api_key.get_secret_value()
+                    raise EndpointRequestError(
+                        failure.status,
+                        self._endpoint,
+                        self.model,
+                        provider_message(exc, secret),
+                        self.api_key_env,
                     ) from None
                 if failure.retryable and attempt < self.max_retries:
                     attempt += 1
                     self.stats.retries += 1
                     delay = self._backoff(attempt, failure.retry_after_s, rng)
-                    logger.debug("retry %d after %s in %.2f s", attempt, failure.label, delay)
+                    logger.debug(
+                        "%s: retry %d after %s in %.2f s",
+                        self._endpoint,
+                        attempt,
+                        failure.label,
+                        delay,
+                    )
                     await asyncio.sleep(delay)
                     continue
                 self.stats.transport_errors += 1
-                logger.warning("no decision after %d attempt(s): %s", attempt + 1, failure.label)
+                logger.warning(
+                    "%s, model %r: no decision after %d attempt(s): %s%s",
+                    self._endpoint,
+                    self.model,
+                    attempt + 1,
+                    failure.label,
+                    "" if failure.where is None else f" (raised at {failure.where})",
+                )
                 return Decision(
                     tool=None,
                     no_call_reason=NoCallReason.TRANSPORT_ERROR,
@@ -243,14 +300,16 @@ class OpenAICompatible:
     def _build_chat_model(self) -> BaseChatModel:
         """Build the LangChain chat model, with the client's own retries off."""
         common: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
+            **self.model_kwargs,
             "max_tokens": self.max_tokens,
             "timeout": self.timeout_s,
             "max_retries": 0,
         }
-        if self.base_url is not None:
-            common["base_url"] = self.base_url
+        # A setting left out is one the request does not carry: some models refuse the
+        # parameter itself, whatever its value.
+        for name in ("temperature", "top_p", "base_url"):
+            if (value := getattr(self, name)) is not None:
+                common[name] = value
         if self.provider == "openai":
             from langchain_openai import ChatOpenAI
 
@@ -271,7 +330,8 @@ class OpenAICompatible:
         except ImportError as exc:
             raise ImportError(
                 f"provider {self.provider!r} needs the 'langchain' package and LangChain's "
-                f"integration package for {self.provider!r} (pip install langchain "
+                f"integration package for {self.provider!r} (for anthropic and google_genai: "
+                "pip install -e '.[anthropic,google]'; otherwise pip install langchain "
                 f"langchain-{self.provider.replace('_', '-')})"
             ) from exc
         if self._api_key is not None:

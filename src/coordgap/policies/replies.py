@@ -12,24 +12,28 @@ exception except a rejected key:
    those fields, so no other field of a reply, however odd, reaches their parsers. A body that
    fails raises ``MalformedReply``.
 2. ``classify_error`` turns whatever the chat model raised into a ``Failure``: by HTTP status
-   (401 and 403 reject the key; 408, 429 and 5xx may pass on retry; other statuses will not),
-   as a lost connection or timeout, as a ``MalformedReply``, or, for anything else a provider's
-   integration raises on a reply it could not read, as an unreadable reply. Failures are
-   retried by the backend and end as ``TRANSPORT_ERROR`` decisions; a rejected key stops the
-   job (``EndpointAuthError``). ``unrepresentable_call`` recognises the one error that is a
-   decision: LangChain refusing tool-call arguments that are JSON but no object.
+   (401 and 403 reject the key; 408, 429 and 5xx may pass on retry; any other status refuses
+   the request itself), as a lost connection or timeout, as a ``MalformedReply``, or, for
+   anything else a provider's integration raises on a reply it could not read, as an
+   unreadable reply. Retryable failures are retried by the backend and end as
+   ``TRANSPORT_ERROR`` decisions. A rejected key (``EndpointAuthError``) and a refused request
+   (``EndpointRequestError``: a setting the model does not accept, an unknown model) stop the
+   job: every later call would fail the same way, and a cell of error episodes is no result.
+   ``unrepresentable_call`` recognises the one error that is a decision: LangChain refusing
+   tool-call arguments that are JSON but no object.
 3. ``coordgap.policies.parsing.parse_ai_message`` turns the message into a tool, or into the
    reason there is none.
 
 Labels of failures name only classes, statuses and which check failed: exception messages and
-bodies may quote request details, such as the key a 401 rejected.
+bodies may quote request details, such as the key a 401 rejected. Only a refused request
+quotes the provider's message, which says what to change, with the key taken out of it.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
-import logging
+import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -44,9 +48,7 @@ from langchain_core.exceptions import (
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-logger = logging.getLogger(__name__)
+    from collections.abc import Iterator, Mapping
 
 # A chat completion of one tool call is a few kilobytes; even thousands of tokens of prose stay
 # far below this. A larger body is a proxy's or server's fault, and reading it whole could
@@ -103,6 +105,43 @@ class EndpointAuthError(RuntimeError):
         self.env_var = env_var
 
 
+class EndpointRequestError(RuntimeError):
+    """The endpoint refused a request in a way no retry changes (HTTP 400, 404, 422, ...).
+
+    A setting the model does not accept (Claude Opus 4.x: temperature with top_p; GPT-5.2:
+    top_p), a model name the endpoint does not know, a key some providers refuse with a 400
+    (Gemini): every call of the job would be refused the same way, so the job stops at the
+    first. The message names the endpoint, the model and what the provider said, never the key.
+
+    Args:
+        status: The HTTP status; None when a provider's error carried none.
+        endpoint: The base URL, or a description of the provider's default endpoint.
+        model: The model name the request asked for.
+        message: The provider's message, the key already taken out (``provider_message``).
+        env_var: The variable the key was read from; None for a keyless model.
+    """
+
+    def __init__(
+        self,
+        status: int | None,
+        endpoint: str,
+        model: str,
+        message: str,
+        env_var: str | None,
+    ) -> None:
+        refused = f"{endpoint} refused the request for model {model!r}" + (
+            f" with HTTP {status}" if status else ""
+        )
+        key = "" if env_var is None else f" (the key is read from {env_var})"
+        super().__init__(
+            f"{refused}: {message or 'no message'}. No retry can change that: fix the model's "
+            f"entry in models: (a setting the model does not accept, its name) or its key{key}."
+        )
+        self.status = status
+        self.endpoint = endpoint
+        self.model = model
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A failed attempt as the retry loop sees it.
@@ -113,6 +152,9 @@ class Failure:
         retry_after_s: The wait the server asked for, if it did and a retry makes sense.
         status: The HTTP status, when the failure had one.
         rejected_key: The endpoint refused the credentials (401, 403).
+        refused: The endpoint refused the request itself: no retry and no later call with the
+            same settings can succeed.
+        where: For an unreadable reply, the file and line that raised (the integration's).
     """
 
     label: str
@@ -120,6 +162,8 @@ class Failure:
     retry_after_s: float | None = None
     status: int | None = None
     rejected_key: bool = False
+    refused: bool = False
+    where: str | None = None
 
 
 class GatedHttpClient(openai.DefaultAsyncHttpxClient):
@@ -216,7 +260,13 @@ def canonical_completion(status: int, body: bytes) -> bytes:
         if not isinstance(calls, list):
             raise MalformedReply(status, "tool_calls is not a list")
         canonical["tool_calls"] = [_canonical_call(status, call) for call in calls]
-    choice: dict[str, Any] = {"index": 0, "message": canonical, "finish_reason": None}
+    # Kept for what it says of truncation ("length"); any other value than text is dropped.
+    finish_reason = choices[0].get("finish_reason")
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": canonical,
+        "finish_reason": finish_reason if _is_text(finish_reason, nullable=True) else None,
+    }
     if (logprobs := _canonical_logprobs(choices[0].get("logprobs"))) is not None:
         choice["logprobs"] = logprobs
     completion: dict[str, Any] = {"object": "chat.completion", "choices": [choice]}
@@ -319,9 +369,11 @@ def classify_error(exc: Exception) -> Failure:
     In order: a ``MalformedReply`` anywhere in the cause chain; a refused key (HTTP 401 or
     403, or LangChain's provider-neutral authentication errors); LangChain's ``ModelError``
     with its own ``is_retryable``; any other HTTP status of an SDK exception (openai,
-    anthropic and others carry ``status_code``); a connection failure or timeout in the cause
+    anthropic and others carry ``status_code``; google-genai's ``code``, which
+    langchain-google-genai keeps as the cause); a connection failure or timeout in the cause
     chain; and last, anything else, which only a reply the integration could not read raises
-    and which is retried like a malformed reply (and logged with where it was raised).
+    and which is retried like a malformed reply (with where it was raised). A failure with a
+    status that is not retryable is ``refused``.
 
     Args:
         exc: What the chat model's call raised.
@@ -332,11 +384,12 @@ def classify_error(exc: Exception) -> Failure:
     malformed = _in_chain(exc, MalformedReply)
     if malformed is not None:
         return Failure(f"MalformedReply ({malformed})", retryable=True, status=malformed.status)
-    status = getattr(exc, "status_code", None)
-    status = status if isinstance(status, int) else None
+    status = http_status(exc)
     label = type(exc).__name__ if status is None else f"{type(exc).__name__} (HTTP {status})"
-    if status in _AUTH_STATUS or isinstance(
-        exc, ModelAuthenticationError | ModelPermissionDeniedError
+    if (
+        status in _AUTH_STATUS
+        or isinstance(exc, ModelAuthenticationError | ModelPermissionDeniedError)
+        or _google_reason(exc) == "API_KEY_INVALID"
     ):
         return Failure(label, retryable=False, status=status, rejected_key=True)
     if isinstance(exc, ModelError):
@@ -348,25 +401,119 @@ def classify_error(exc: Exception) -> Failure:
     else:
         frame = traceback.extract_tb(exc.__traceback__)[-1:]
         where = f"{frame[0].filename}:{frame[0].lineno}" if frame else "unknown place"
-        logger.warning("unreadable reply: %s raised at %s", type(exc).__name__, where)
-        return Failure(f"{type(exc).__name__} (unreadable reply)", retryable=True)
-    headers = getattr(getattr(exc, "response", None), "headers", None)
+        return Failure(f"{type(exc).__name__} (unreadable reply)", retryable=True, where=where)
     return Failure(
         label,
         retryable=retryable,
-        retry_after_s=retry_after_s(headers) if retryable and headers is not None else None,
+        retry_after_s=_asked_wait(exc) if retryable else None,
         status=status,
+        refused=not retryable,
     )
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
+def _google_details(exc: BaseException) -> list[dict[str, Any]]:
+    """The ``error.details`` entries of a google-genai error in the chain (Google's body)."""
+    for cause in _causes(exc):
+        body = getattr(cause, "details", None)
+        error = body.get("error") if isinstance(body, dict) else None
+        details = error.get("details") if isinstance(error, dict) else None
+        if isinstance(details, list):
+            return [entry for entry in details if isinstance(entry, dict)]
+    return []
+
+
+def _google_reason(exc: BaseException) -> str | None:
+    """The ``ErrorInfo`` reason of a Google error: a refused key is a 400 with API_KEY_INVALID."""
+    return next((e["reason"] for e in _google_details(exc) if "reason" in e), None)
+
+
+def _asked_wait(exc: BaseException) -> float | None:
+    """The wait a refused attempt asks for: a Retry-After header, or Google's retryDelay.
+
+    The SDKs keep the HTTP response on their exception; langchain-google-genai raises its own
+    error from google-genai's, so the response may sit further down the chain.
+    """
+    for cause in _causes(exc):
+        headers = getattr(getattr(cause, "response", None), "headers", None)
+        if headers is not None and (wait := retry_after_s(headers)) is not None:
+            return wait
+    for entry in _google_details(exc):
+        delay = entry.get("retryDelay")
+        if isinstance(delay, str) and delay.endswith("s"):
+            return _non_negative(delay[:-1])
+    return None
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an SDK's exception carries, on it or on an exception it wraps.
+
+    openai and anthropic name it ``status_code``; google-genai's ``APIError`` names it
+    ``code``, and langchain-google-genai raises its own error with that one as the cause.
+    """
+    for cause in _causes(exc):
+        for attribute in ("status_code", "code"):
+            status = getattr(cause, attribute, None)
+            # bool is an int, and no status.
+            if type(status) is int and 100 <= status <= 599:
+                return status
+    return None
+
+
+# Runs of whitespace, folded to one space in a quoted message.
+_SPACE = re.compile(r"\s+")
+# The most of a provider's message an error quotes.
+_MESSAGE_CHARS = 500
+
+
+def provider_message(exc: BaseException, secret: str | None) -> str:
+    """What the provider said about a refused request, with ``secret`` taken out of it.
+
+    The provider's own words, where an SDK keeps them apart: anthropic's ``api_message``, the
+    ``message`` of openai's error ``body``, google-genai's ``message`` (the cause of
+    langchain-google-genai's error); otherwise the exception's text. A key is never meant to be
+    in it, but a provider may quote the request (OpenAI's 401 quotes the key), so every
+    occurrence of the key, and of any word that starts with its first 8 characters, is
+    replaced.
+
+    Args:
+        exc: What the chat model's call raised.
+        secret: The API key sent, or None.
+
+    Returns:
+        The message on one line, at most ``_MESSAGE_CHARS`` characters.
+    """
+    text = str(exc)
+    for cause in _causes(exc):
+        body = getattr(cause, "body", None)
+        said = [
+            getattr(cause, "api_message", None),
+            body.get("message") if isinstance(body, dict) else None,
+            # google-genai's errors keep Google's body as details, its message apart.
+            getattr(cause, "message", None)
+            if isinstance(getattr(cause, "details", None), dict)
+            else None,
+        ]
+        if found := next((m for m in said if isinstance(m, str) and m), None):
+            text = found
+            break
+    if secret:
+        text = text.replace(secret, "[key]")
+        text = re.sub(re.escape(secret[:8]) + r"\S*", "[key]", text)
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
 def _in_chain(exc: BaseException, kind: type[_E] | tuple[type[_E], ...]) -> _E | None:
     """The first exception of ``kind`` in ``exc``'s cause chain, ``exc`` included."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, kind):
-            return cause
-        cause = cause.__cause__ or cause.__context__
-    return None
+    return next((cause for cause in _causes(exc) if isinstance(cause, kind)), None)
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
