@@ -165,7 +165,7 @@ def tiny_training_config(model_dir: Path) -> dict:
     config = yaml.safe_load(TINY_CONFIG.read_text())
     default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["environment"]["rounds"] = 2
-    config["experiment"] = {"sizes": [3], "episodes_per_cell": 2}
+    config["experiment"] = {**config["experiment"], "sizes": [3], "episodes_per_cell": 2}
     llm = {
         **default["models"]["smollm2-135m"],
         "source": str(model_dir),

@@ -3,7 +3,8 @@
 Every example serves one reply (any status; a mutated chat completion, random JSON, random
 bytes, a truncated body or a connection cut mid-body) through the real backend, LangChain and
 HTTP stack included. Whatever comes back, ``decide`` returns a valid tool, a ``no_call`` with
-its reason, or a transport error, and raises nothing but ``EndpointAuthError`` on 401 and 403.
+its reason, or a transport error, and raises nothing but ``EndpointAuthError`` on 401 and 403
+and ``EndpointRequestError`` on a status no retry changes.
 A second property pins down the decision side: a well-formed completion is always a decision,
 and the one a model's output calls for.
 """
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.policies.base import Decision, NoCallReason
-from coordgap.policies.replies import EndpointAuthError
+from coordgap.policies.replies import EndpointAuthError, EndpointRequestError
 from tests.integration.fault_server import (
     Behaviour,
     FaultServer,
@@ -36,6 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # One retry, short waits: a retried failure costs milliseconds.
 RETRIES = 1
+# The statuses of STATUS that refuse the request itself: neither a success nor retryable.
+REFUSED = frozenset({301, 400, 404, 409, 422})
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # A failure's label: an exception class, optionally with its status or the failed check.
 LABEL = re.compile(r"\w+( \(.+\))?")
@@ -151,9 +154,13 @@ def _decide(behaviour: Behaviour) -> tuple[Decision, int, int]:
 @SETTINGS
 @given(replies())
 def test_any_reply_is_a_decision_or_a_transport_error(behaviour: Behaviour) -> None:
-    # A refused key stops the job, once the refusal has arrived whole.
-    if behaviour.status in (401, 403) and behaviour.cut_after is None:
+    # A refused key, or a refusal no retry changes, stops the job once it has arrived whole.
+    if behaviour.cut_after is None and behaviour.status in (401, 403):
         with pytest.raises(EndpointAuthError):
+            _decide(behaviour)
+        return
+    if behaviour.cut_after is None and behaviour.status in REFUSED:
+        with pytest.raises(EndpointRequestError):
             _decide(behaviour)
         return
     decision, requests, retries = _decide(behaviour)

@@ -48,7 +48,7 @@ def study_config() -> dict[str, Any]:
             ("idle", "think_only"),
         ]
     }
-    config["experiment"] = {"sizes": [5, 7], "episodes_per_cell": 6}
+    config["experiment"] = {**config["experiment"], "sizes": [5, 7], "episodes_per_cell": 6}
     config["analysis"]["comparisons"] = [list(pair) for pair in COMPARE.comparisons]
     config["analysis"]["timeline"] = {"model": "left_first", "n": 5, "episode": 0}
     return config
