@@ -39,7 +39,7 @@ def _raised(exc: Exception) -> Exception:
         ),
         (_ProviderError(503), Failure("_ProviderError (HTTP 503)", True, None, 503)),
         # A status no retry changes refuses the request itself: the job stops.
-        (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400, refused=True)),
+        (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400)),
         (ModelRateLimitError("slow down"), Failure("ModelRateLimitError", True)),
         (ConnectionResetError(), Failure("ConnectionResetError", True)),
         (
@@ -57,6 +57,7 @@ def test_every_error_is_a_failure_whose_label_hides_the_message(
     failure = classify_error(_raised(exc))
     # Where an unreadable reply was raised is for the log; the rest must be exactly this.
     assert replace(failure, where=None) == expected
+    assert failure.refused == (failure.status == 400)
     assert (failure.where is not None) == failure.label.endswith("(unreadable reply)")
     assert "sk-must-stay-secret" not in failure.label + caplog.text
 

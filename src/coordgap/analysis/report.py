@@ -177,6 +177,12 @@ def _flags(monitors: pl.DataFrame) -> dict[tuple[str, int], list[str]]:
     return {(row["model"], row["n"]): flagged(row) for row in monitors.iter_rows(named=True)}
 
 
+def _cell_flags(flags: dict[tuple[str, int], list[str]], row: dict[str, Any]) -> list[str]:
+    """A summary row's monitor flags, and ``errors`` when the cell has error episodes."""
+    cell = flags.get((row["model"], row["n"]), [])
+    return [*cell, "errors"] if row["errors"] else cell
+
+
 def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: AnalysisConfig) -> str:
     flags = _flags(monitors)
     parts = [
@@ -193,9 +199,7 @@ def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: Anal
                 str(row["errors"]),
                 _interval(*(row[column] for column in reward_columns(variant))),
                 _number(row[reward_sd_column(variant)]),
-                ", ".join(
-                    [*flags.get((row["model"], row["n"]), []), *(["errors"] * bool(row["errors"]))]
-                ),
+                ", ".join(_cell_flags(flags, row)),
             ]
             for row in summary.iter_rows(named=True)
         ]

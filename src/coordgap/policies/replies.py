@@ -152,8 +152,6 @@ class Failure:
         retry_after_s: The wait the server asked for, if it did and a retry makes sense.
         status: The HTTP status, when the failure had one.
         rejected_key: The endpoint refused the credentials (401, 403).
-        refused: The endpoint refused the request itself: no retry and no later call with the
-            same settings can succeed.
         where: For an unreadable reply, the file and line that raised (the integration's).
     """
 
@@ -162,8 +160,12 @@ class Failure:
     retry_after_s: float | None = None
     status: int | None = None
     rejected_key: bool = False
-    refused: bool = False
     where: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        """The endpoint refused the request itself: no retry and no later call can succeed."""
+        return not self.retryable and not self.rejected_key
 
 
 class GatedHttpClient(openai.DefaultAsyncHttpxClient):
@@ -407,7 +409,6 @@ def classify_error(exc: Exception) -> Failure:
         retryable=retryable,
         retry_after_s=_asked_wait(exc) if retryable else None,
         status=status,
-        refused=not retryable,
     )
 
 
