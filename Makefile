@@ -18,7 +18,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: all test lint touch clean-results
+.PHONY: all test lint touch clean-results art-runtime
 
 all: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) all
@@ -53,3 +53,10 @@ $(VENV)/.llama-server: $(VENV)/.installed
 
 clean-results:
 	rm -rf results logs .snakemake
+
+# ART's vLLM runtime, built once per ART version into the GPU jobs' cache (docs/art.md): run it
+# on a node with network access and the GPU nodes' OS. ART installs the runtime with uv, and
+# its runtime project asks for uv >= 0.6.15.
+art-runtime: $(VENV)/.installed
+	$(BIN)/pip install --quiet 'uv>=0.6.15'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/coordgap art-runtime

@@ -9,6 +9,9 @@
 set -euo pipefail
 
 CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
+# The GPU model the test node offers: sbatch --gpus=<type>:1 asks for it by name.
+GPU_TYPE=ci_card
 LOG_DIR=/var/log/slurm
 STATE_DIR=/var/lib/slurm/slurmctld
 SPOOL_DIR=/var/spool/slurmd
@@ -67,7 +70,8 @@ real_mem_mb=$(( mem_total_mb - margin_mb ))
 (( real_mem_mb > 0 )) || fail "too little memory: ${mem_total_mb} MB"
 
 new_conf=$(mktemp)
-trap 'rm -f "$new_conf"' EXIT
+new_gres=$(mktemp)
+trap 'rm -f "$new_conf" "$new_gres"' EXIT
 cat >"$new_conf" <<EOF
 # Written by .ci/slurm.sh: a single-node test cluster without accounting.
 ClusterName=coordgap-ci
@@ -101,16 +105,24 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd.log
 SlurmctldPort=6817
 SlurmdPort=6818
-NodeName=$NODE CPUs=$cpus RealMemory=$real_mem_mb State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# One GPU-like generic resource, so that GPU jobs ask Slurm for a GPU (sbatch --gpus) as on
+# a real cluster; it has no device file: a job given it sees no device.
+GresTypes=gpu
+NodeName=$NODE CPUs=$cpus RealMemory=$real_mem_mb Gres=gpu:$GPU_TYPE:1 State=UNKNOWN
+# Two partitions over the one node, as sites split CPU and GPU work: tests check that each
+# job lands in the partition the site file names for its kind (tests/integration/test_slurm.py).
+PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP
 EOF
+echo "NodeName=$NODE Name=gpu Type=$GPU_TYPE File=/dev/null" >"$new_gres"
 
 conf_changed=0
-if ! cmp -s "$new_conf" "$CONF"; then
+if ! cmp -s "$new_conf" "$CONF" || ! cmp -s "$new_gres" "$GRES_CONF"; then
     mkdir -p "$(dirname "$CONF")"
     install -m 0644 "$new_conf" "$CONF"
+    install -m 0644 "$new_gres" "$GRES_CONF"
     conf_changed=1
-    log "wrote $CONF (CPUs=$cpus RealMemory=$real_mem_mb)"
+    log "wrote $CONF (CPUs=$cpus RealMemory=$real_mem_mb) and $GRES_CONF"
 fi
 
 # ---- munged

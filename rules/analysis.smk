@@ -42,8 +42,9 @@ rule compute_stats:
         "logs/compute_stats/compute_stats.benchmark.tsv"
     resources:
         **RESOURCES["light"],
+        **site_resources(),
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/compute_stats.py"
 
@@ -71,8 +72,9 @@ rule compare_models:
         "logs/compare_models/compare_models.benchmark.tsv"
     resources:
         **RESOURCES["light"],
+        **site_resources(),
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/compare_models.py"
 
@@ -96,7 +98,7 @@ rule compute_power:
     benchmark:
         "logs/compute_power/compute_power.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/compute_power.py"
 
@@ -121,8 +123,9 @@ rule compute_monitors:
         "logs/compute_monitors/compute_monitors.benchmark.tsv"
     resources:
         **RESOURCES["light"],
+        **site_resources(),
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/compute_monitors.py"
 
@@ -145,7 +148,7 @@ rule plot_reward:
     benchmark:
         "logs/plot_reward/{variant}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_reward.py"
 
@@ -168,7 +171,7 @@ rule plot_deadlock:
     benchmark:
         "logs/plot_deadlock/plot_deadlock.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_deadlock.py"
 
@@ -191,7 +194,7 @@ rule plot_reward_vs_meals:
     benchmark:
         "logs/plot_reward_vs_meals/{variant}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_reward_vs_meals.py"
 
@@ -214,7 +217,7 @@ rule plot_components:
     benchmark:
         "logs/plot_components/{variant}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_components.py"
 
@@ -237,7 +240,7 @@ rule plot_meals_by_seat:
     benchmark:
         "logs/plot_meals_by_seat/plot_meals_by_seat.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_meals_by_seat.py"
 
@@ -262,7 +265,7 @@ rule plot_timeline:
     benchmark:
         "logs/plot_timeline/plot_timeline.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_timeline.py"
 
@@ -300,7 +303,7 @@ rule write_report:
     benchmark:
         "logs/write_report/write_report.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/write_report.py"
 
@@ -326,6 +329,6 @@ rule plot_training:
     benchmark:
         "logs/plot_training/{run}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/plot_training.py"

@@ -7,6 +7,7 @@ from pathlib import Path
 from snakemake.utils import available_cpu_count, validate
 
 from coordgap.analysis.provenance import output_identity
+from coordgap.site import load_site
 from coordgap.config import (
     cell_episodes,
     check_cross_keys,
@@ -22,6 +23,8 @@ from coordgap.config import (
 # The schema first (names the offending key), then the cross-key rules; both before any job.
 validate(config, schema="../workflow/schemas/config.schema.yaml")
 check_cross_keys(config)
+# This cluster's and this user's settings (coordgap.site): where each kind of job goes.
+SITE = load_site()
 
 # ---------------------------------------------------------------- constants
 
@@ -30,7 +33,14 @@ MODELS = list(config["models"])
 PREPARED_MODELS = [name for name, entry in config["models"].items() if weights_source(entry)]
 # Models played through a server their own job starts (serve:), on a GPU.
 SERVED_MODELS = [name for name, entry in config["models"].items() if is_served(entry)]
-UNSERVED_MODELS = [name for name in MODELS if name not in SERVED_MODELS]
+# Models behind a hosted API (kind openai, no serve:), played by jobs that need no GPU.
+API_MODELS = [
+    name
+    for name, entry in config["models"].items()
+    if entry["kind"] == "openai" and name not in SERVED_MODELS
+]
+# Scripted and in-process models: everything the job itself computes.
+IN_JOB_MODELS = [name for name in MODELS if name not in SERVED_MODELS + API_MODELS]
 RUNS = list(config["training"]["runs"])
 POLICIES = config["evaluation"]["policies"]
 # Selected checkpoints, models named <run>@<policy>: each plays the test grid.
@@ -38,8 +48,15 @@ SELECTED = selected_checkpoints(config)
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
 SRC = Path("src/coordgap")
-# The software of every rule, used with --sdm conda; locally, .venv from `make all` runs them.
-CONDA_ENV = "../workflow/envs/coordgap.yaml"
+# The software of the rules, used with --sdm conda; locally, .venv from `make all` runs them
+# all. The project on CPU torch: scripted and in-process models, trainer torch, the analysis.
+PROJECT_ENV = "../workflow/envs/coordgap.yaml"
+# The project and LangChain's provider packages: hosted API models.
+API_ENV = "../workflow/envs/api.yaml"
+# The project and ART's GPU backend, which pins its own torch: trainer art.
+ART_ENV = "../workflow/envs/art.yaml"
+# The project and a pinned vLLM: the jobs that start a model's server (serve:).
+VLLM_ENV = "../workflow/envs/vllm.yaml"
 # The src/ modules behind the statistics tables, every figure, and the episode timeline.
 STATS_CODE = ("analysis/stats.py", "analysis/intervals.py", "env/reward.py")
 FIGURE_CODE = (*STATS_CODE, "analysis/figures.py", "analysis/style.py")
@@ -119,6 +136,60 @@ RESOURCES = {
 # ---------------------------------------------------------------- functions
 
 
+def api_group(entry):
+    """The provider an API model's requests go to, as its concurrency resource names it: the
+    LangChain provider for its default endpoint, else the endpoint's host (api.x.ai -> x_ai)."""
+    if entry["base_url"] is None:
+        return entry["provider"]
+    host = re.sub(r"^api\.", "", re.match(r"\w+://([^/:]+)", entry["base_url"]).group(1))
+    return re.sub(r"\W", "_", host)
+
+
+# One resource per provider, api_<group>=1 for each of its cells: a profile's `resources`
+# caps how many run at once (profiles/default, profiles/slurm), so that concurrent cells do
+# not exceed the provider's rate limits together.
+API_GROUPS = sorted({api_group(config["models"][name]) for name in API_MODELS})
+
+
+def api_slots():
+    """A generation job's api_<group> resources: 1 for its model's provider, 0 for others."""
+    return {
+        f"api_{group}": lambda wildcards, group=group: int(
+            api_group(config["models"][wildcards.model]) == group
+        )
+        for group in API_GROUPS
+    }
+
+
+def site_resources(gpus=0, gpu_memory_gb=0):
+    """The site file's resources of a rule's jobs (coordgap.site): partition, account, QOS and,
+    for a GPU job, constraint and the smallest GPU model that holds it.
+
+    Args:
+        gpus: GPUs a job uses, or a function of its wildcards giving them.
+        gpu_memory_gb: GPU memory a job needs, or a function of its wildcards.
+
+    Returns:
+        Only the keys the site sets, each a function of the job's wildcards (None drops the key
+        from a job it does not apply to), so that without a site file nothing is added.
+    """
+
+    def of_job(key):
+        def value(wildcards):
+            job_gpus = gpus(wildcards) if callable(gpus) else gpus
+            memory = gpu_memory_gb(wildcards) if callable(gpu_memory_gb) else gpu_memory_gb
+            return SITE.slurm.resources(gpus=job_gpus, gpu_memory_gb=memory).get(key)
+
+        return value
+
+    return {key: of_job(key) for key in SITE.slurm.resource_keys()}
+
+
+def served_gpu_memory_gb(entry):
+    """GPU memory a job that serves or trains this model needs; 0 (any card) if not served."""
+    return entry["serve"]["gpu_memory_gb"] if is_served(entry) else 0
+
+
 def src_files(*parts):
     """The src/coordgap modules a rule imports, as inputs so that code changes rerun it."""
     files = []
@@ -156,6 +227,11 @@ def model_gpus(wildcards):
     return int(entry["kind"] == "local" or is_served(entry))
 
 
+def model_gpu_memory_gb(wildcards):
+    """GPU memory a generation job needs: its served model's (serve.gpu_memory_gb)."""
+    return served_gpu_memory_gb(config["models"][wildcards.model])
+
+
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
 # at most the machine's). Snakemake sets the job's OMP/MKL thread variables to this, and torch
 # uses exactly that many. A cluster run has no --cores: such a job asks the scheduler for
@@ -184,9 +260,25 @@ def run_base_entry(wildcards):
     return config["models"][run_entry(wildcards)["base_model"]]
 
 
+def run_gpu_memory_gb(wildcards):
+    """GPU memory a job that trains or plays the run's checkpoints needs: its base model's."""
+    return served_gpu_memory_gb(run_base_entry(wildcards))
+
+
 def run_weights(wildcards):
     """The prepared weights folder of the run's base model."""
     return f"resources/models/{run_entry(wildcards)['base_model']}"
+
+
+def trainer_env(wildcards):
+    """The conda env of a training job: ART's GPU backend for trainer art, else the project's."""
+    return ART_ENV if run_entry(wildcards)["trainer"] == "art" else PROJECT_ENV
+
+
+def checkpoint_env(wildcards):
+    """The conda env of a job that plays a run's checkpoints: vLLM's when the run's base model
+    is served (the server loads the adapter), the project's for an in-process base."""
+    return VLLM_ENV if is_served(run_base_entry(wildcards)) else PROJECT_ENV
 
 
 def training_targets():

@@ -32,15 +32,16 @@ rule generate_episodes:
     benchmark:
         "logs/generate_episodes/{model}/n{size}.benchmark.tsv"
     wildcard_constraints:
-        model=alternatives(UNSERVED_MODELS),
+        model=alternatives(IN_JOB_MODELS),
     threads: model_threads
     resources:
         **RESOURCES["medium"],
         gpu=model_gpus,
+        **site_resources(gpus=model_gpus),
         # Only served models read it; machine settings come from profiles (set-resources).
         serve_host="loopback",
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/generate_episodes.py"
 
@@ -59,4 +60,29 @@ use rule generate_episodes as generate_served_episodes with:
     resources:
         **RESOURCES["gpu"],
         gpu=1,
+        **site_resources(gpus=1, gpu_memory_gb=model_gpu_memory_gb),
         serve_host="loopback",
+    conda:
+        VLLM_ENV
+
+
+# The cells of hosted-API models: no GPU, one api_<provider> slot each (profiles cap them),
+# and, where the site says so (api_jobs: submit_host), run by Snakemake on the submit host
+# instead of a compute node without internet access.
+use rule generate_episodes as generate_api_episodes with:
+    log:
+        "logs/generate_api_episodes/{model}/n{size}.log",
+    benchmark:
+        "logs/generate_api_episodes/{model}/n{size}.benchmark.tsv"
+    wildcard_constraints:
+        model=alternatives(API_MODELS),
+    threads: 1
+    resources:
+        **RESOURCES["medium"],
+        gpu=0,
+        **site_resources(),
+        **api_slots(),
+        serve_host="loopback",
+    conda:
+        API_ENV
+    localrule: SITE.api_jobs_local

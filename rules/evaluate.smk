@@ -39,9 +39,10 @@ rule evaluate_checkpoint:
     resources:
         **RESOURCES["medium"],
         gpu=1,
+        **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:
-        CONDA_ENV
+        checkpoint_env
     script:
         "../workflow/scripts/evaluate_checkpoint.py"
 
@@ -63,7 +64,7 @@ rule select_checkpoint:
     benchmark:
         "logs/select_checkpoint/{run}/{policy}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/select_checkpoint.py"
 
@@ -84,7 +85,7 @@ rule summarize_selection:
     benchmark:
         "logs/summarize_selection/{run}.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/summarize_selection.py"
 
@@ -126,9 +127,10 @@ rule test_checkpoint:
     resources:
         **RESOURCES["medium"],
         gpu=1,
+        **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:
-        CONDA_ENV
+        checkpoint_env
     script:
         "../workflow/scripts/test_checkpoint.py"
 
@@ -144,7 +146,7 @@ rule index_selections:
     benchmark:
         "logs/index_selections/index_selections.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/write_index.py"
 
@@ -160,6 +162,6 @@ rule index_tests:
     benchmark:
         "logs/index_tests/index_tests.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/write_index.py"

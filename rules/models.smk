@@ -1,4 +1,6 @@
-# Model preparation: weights from their source, converted once into resources/models/<name>/.
+# Model preparation, once per model into resources/models/<name>/, on a CPU node before any
+# GPU job: an hf: source downloaded as published at its pinned commit, a local source
+# converted to safetensors (coordgap.models.prepare). GPU jobs run with the hub offline.
 
 
 rule prepare_model:
@@ -14,8 +16,9 @@ rule prepare_model:
         "logs/prepare_model/{model}.benchmark.tsv"
     resources:
         **RESOURCES["medium"],
+        **site_resources(),
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/prepare_model.py"
 
@@ -31,6 +34,6 @@ rule write_model_manifest:
     benchmark:
         "logs/write_model_manifest/write_model_manifest.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/write_model_manifest.py"

@@ -39,8 +39,9 @@ rule train_grpo:
         mem_mb=lambda wildcards, attempt: 8000 * attempt,
         runtime=lambda wildcards, attempt: 240 * attempt,
         gpu=1,
+        **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
     conda:
-        CONDA_ENV
+        trainer_env
     script:
         "../workflow/scripts/train_grpo.py"
 
@@ -56,6 +57,6 @@ rule index_training:
     benchmark:
         "logs/index_training/index_training.benchmark.tsv"
     conda:
-        CONDA_ENV
+        PROJECT_ENV
     script:
         "../workflow/scripts/write_index.py"

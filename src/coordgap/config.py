@@ -339,6 +339,17 @@ def is_served(entry: dict[str, Any]) -> bool:
     return entry["kind"] == "openai" and entry["serve"] is not None
 
 
+def generation_rule(entry: dict[str, Any]) -> str:
+    """The Snakemake rule that plays a model's cells.
+
+    Served models start their server on a GPU; hosted APIs need no GPU and may run on the
+    submit host; scripted and local models play inside the job.
+    """
+    if is_served(entry):
+        return "generate_served_episodes"
+    return "generate_api_episodes" if entry["kind"] == "openai" else "generate_episodes"
+
+
 def weights_source(entry: dict[str, Any]) -> str | None:
     """Where a model's prepared weights come from: a local model's or a served one's source.
 
@@ -508,6 +519,7 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     for name, entry in models.items():
         if is_served(entry):
             _check_served(f"models.{name}", entry)
+        _check_source(name, entry)
     for name, run in config["training"]["runs"].items():
         _check_run(f"training.runs.{name}", run, models)
         if name in models:
@@ -625,6 +637,25 @@ def _check_scenarios(config: dict[str, Any]) -> None:
                 f"config keys 'scenarios.{name_a}' and 'scenarios.{name_b}': their scenario ids "
                 f"overlap ({name_a} uses {a.start}..{a.stop - 1}, {name_b} starts at {b.start})"
             )
+
+
+def _check_source(name: str, entry: dict[str, Any]) -> None:
+    """A model's weights source must parse, and a hub source must pin a commit.
+
+    A ``FILL-IN`` placeholder passes: plans and dry runs accept it, and the job that would
+    prepare the weights stops on it.
+    """
+    source = weights_source(entry)
+    if source is None or source.startswith(FILL_IN):
+        return
+    # Imported here: coordgap.models.prepare imports this module.
+    from coordgap.models.prepare import parse_source
+
+    try:
+        parse_source(source)
+    except ValueError as error:
+        key = f"models.{name}.source" if entry["kind"] == "local" else f"models.{name}.serve.source"
+        raise ConfigError(f"config key '{key}': {error}") from None
 
 
 def _check_served(key: str, entry: dict[str, Any]) -> None:

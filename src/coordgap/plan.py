@@ -28,6 +28,7 @@ from coordgap.config import (
     TrainingRunConfig,
     cell_episodes,
     evaluated_steps,
+    generation_rule,
     is_served,
     selected_checkpoints,
 )
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # Rules that play episodes, in the order of the DAG.
 RULES = (
     "generate_episodes",
+    "generate_api_episodes",
     "generate_served_episodes",
     "train_grpo",
     "evaluate_checkpoint",
@@ -113,7 +115,7 @@ def estimate(config: dict[str, Any], root: Path) -> list[Line]:
     rates = {name: _rates(config, name, root) for name in config["models"]}
     lines = []
     for name, entry in config["models"].items():
-        rule = "generate_served_episodes" if is_served(entry) else "generate_episodes"
+        rule = generation_rule(entry)
         cells = [(size, cell_episodes(config, name)) for size in config["experiment"]["sizes"]]
         lines.append(_line(rule, name, cells, rounds, rates[name], _price(plan, name)))
     for run_name, entry in config["training"]["runs"].items():
@@ -162,7 +164,7 @@ def actual(config: dict[str, Any], root: Path) -> list[Line]:
     results, logs = root / "results", root / "logs"
     found: list[tuple[str, str, list[Path], list[Path]]] = []
     for name, entry in config["models"].items():
-        rule = "generate_served_episodes" if is_served(entry) else "generate_episodes"
+        rule = generation_rule(entry)
         found.append(
             (rule, name, _tables(results / "episodes" / name), _benchmarks(logs / rule / name))
         )
@@ -295,8 +297,8 @@ def _rates(config: dict[str, Any], name: str, root: Path) -> Rates:
     """A model's rates: measured from its earlier episodes where they exist, else assumed."""
     entry, plan = config["models"][name], config["plan"]
     language = entry["kind"] != "scripted"
-    gpu = entry["kind"] == "local" or is_served(entry)
-    rule = "generate_served_episodes" if is_served(entry) else "generate_episodes"
+    rule = generation_rule(entry)
+    gpu = _uses_gpu(config, rule, name)
     tables = _tables(root / "results" / "episodes" / name)
     if not tables:
         return Rates(
@@ -328,9 +330,10 @@ def _training_seconds(run: TrainingRunConfig, plan: dict[str, Any], root: Path) 
 
 def _uses_gpu(config: dict[str, Any], rule: str, model: str) -> bool:
     """Whether a rule's jobs for a model hold a GPU (their wall time is GPU time)."""
-    if rule in ("generate_episodes", "generate_served_episodes"):
-        entry = config["models"][model]
-        return entry["kind"] == "local" or is_served(entry)
+    if rule == "generate_api_episodes":
+        return False
+    if rule == "generate_episodes":
+        return config["models"][model]["kind"] == "local"
     return True
 
 

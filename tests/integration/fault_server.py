@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tests.integration.loopback import LoopbackHandler, LoopbackServer
@@ -140,6 +141,34 @@ class RecordedRequest:
 
     headers: dict[str, str]
     body: dict[str, Any]
+    # time.perf_counter() at arrival, for tests of request pacing.
+    received_s: float = field(default_factory=time.perf_counter)
+
+
+def api_model_entry(base_url: str, **settings: Any) -> dict[str, Any]:
+    """A config entry of a hosted-API model (kind openai, no serve:) that plays against
+    ``base_url`` with the short timeouts and retries of these tests; ``settings`` override."""
+    return {
+        "kind": "openai",
+        "provider": "openai",
+        "base_url": base_url,
+        "model": "fault-model",
+        "api_key_env": None,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "max_tokens": 64,
+        "extra_body": {},
+        "model_kwargs": {},
+        "tool_choice": "auto",
+        "timeout_s": 0.5,
+        "max_retries": 1,
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 0.05,
+        "requests_per_second": None,
+        "max_in_flight": 2,
+        "serve": None,
+        "episodes_per_cell": 6,
+    } | settings
 
 
 class FaultServer(LoopbackServer):

@@ -23,6 +23,7 @@ from coordgap.policies.base import NoCallReason
 from tests.conftest import copy_workflow, run
 from tests.integration.fault_server import (
     FaultServer,
+    api_model_entry,
     empty,
     failing,
     hang,
@@ -65,27 +66,9 @@ def _config(tiny_config: dict, base_url: str, **settings: Any) -> dict:
     """One ``faulty`` openai model at N=3; ``settings`` override its entry."""
     config = dict(tiny_config)
     config["models"] = {
-        "faulty": {
-            "kind": "openai",
-            "provider": "openai",
-            "base_url": base_url,
-            "model": "faulty-model",
-            "api_key_env": KEY_VARIABLE,
-            "temperature": 0.7,
-            "top_p": 1.0,
-            "max_tokens": 64,
-            "extra_body": {},
-            "model_kwargs": {},
-            "tool_choice": "auto",
-            "timeout_s": 0.5,
-            "max_retries": 1,
-            "backoff_base_s": 0.01,
-            "backoff_max_s": 0.05,
-            "max_in_flight": 2,
-            "serve": None,
-            "episodes_per_cell": 6,
-        }
-        | settings
+        "faulty": api_model_entry(
+            base_url, model="faulty-model", api_key_env=KEY_VARIABLE, **settings
+        )
     }
     # These tests are about each decision: their cells keep every error episode.
     config["experiment"] = {

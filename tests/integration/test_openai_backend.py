@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import gzip
+import itertools
 import json
 import logging
 import re
@@ -420,6 +421,32 @@ def test_concurrent_decisions_overlap() -> None:
     assert all(decision.tool is Tool.THINK for decision in decisions)
     # Sequential calls would take in_flight * latency_s = 8 s.
     assert elapsed < 4 * latency_s
+
+
+def test_requests_per_second_spaces_the_requests_of_concurrent_decisions() -> None:
+    calls, rate = 6, 5.0
+    with FaultServer([ok("think")]) as server:
+        model = backend(server, requests_per_second=rate)
+
+        async def run() -> list[Decision]:
+            return await asyncio.gather(
+                *(model.decide(MESSAGES, TOOLS6, seed) for seed in range(calls))
+            )
+
+        start = time.perf_counter()
+        decisions = asyncio.run(run())
+        elapsed = time.perf_counter() - start
+        arrivals = sorted(request.received_s for request in server.requests)
+    assert all(decision.tool is Tool.THINK for decision in decisions)
+    # A bucket of one: the first request at once, then one every 1/rate seconds.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert min(gaps) > 0.8 / rate, gaps
+    assert elapsed >= (calls - 1) / rate
+
+
+def test_a_rate_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="requests_per_second must be positive"):
+        OpenAICompatible(model="m", base_url="http://127.0.0.1:9/v1", requests_per_second=0)
 
 
 def test_one_backend_serves_successive_event_loops() -> None:

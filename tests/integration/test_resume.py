@@ -134,6 +134,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
                 "max_retries": 0,
                 "backoff_base_s": 0.01,
                 "backoff_max_s": 0.05,
+                "requests_per_second": None,
                 "max_in_flight": in_flight,
                 "serve": None,
                 "episodes_per_cell": episodes,

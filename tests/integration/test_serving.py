@@ -35,7 +35,12 @@ LLAMA_PYTHON = llama_server_python()
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_llama_server]
 
 # llama-cpp-python's server reads its key from API_KEY and has no /health.
-SERVER = {"key_env": "API_KEY", "health": "/v1/models", "start_timeout_s": 120.0}
+SERVER = {
+    "key_env": "API_KEY",
+    "health": "/v1/models",
+    "start_timeout_s": 120.0,
+    "gpu_memory_gb": 0,
+}
 PROMPT = [
     {"role": "system", "content": "You are philosopher 0 at a table of 5. Call one tool."},
     {"role": "user", "content": "Both your forks are free. You hold none. Round 1 of 5."},
@@ -217,6 +222,7 @@ def _served_study(tiny_config: dict, key_file: Path) -> dict:
             "max_retries": 1,
             "backoff_base_s": 0.1,
             "backoff_max_s": 1.0,
+            "requests_per_second": None,
             "max_in_flight": 2,
             "episodes_per_cell": 3,
             "serve": {**SERVER, "source": None, "command": command, "lora": None},

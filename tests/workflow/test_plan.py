@@ -27,7 +27,7 @@ def test_the_paper_plan_prices_every_rule(tmp_path):
     cell_decisions = 30 * 30 * 5
     tokens = (plan["tokens_in_per_decision"], plan["tokens_out_per_decision"])
     for model, price in prices.items():
-        figures = lines["generate_episodes", model]
+        figures = lines["generate_api_episodes", model]
         assert figures["decisions"] == cell_decisions
         expected = cell_decisions * (tokens[0] * price["input"] + tokens[1] * price["output"]) / 1e6
         assert math.isclose(figures["usd"], expected), model
@@ -47,11 +47,11 @@ def test_the_paper_plan_prices_every_rule(tmp_path):
         assert lines["evaluate_checkpoint", run_name]["jobs"] == 17
         assert lines["test_checkpoint", f"{run_name}@last"]["episodes"] == 90
     # The grid's 900 test episodes, and only API models cost dollars.
-    grid = ("generate_episodes", "generate_served_episodes", "test_checkpoint")
+    grid = ("generate_episodes", "generate_api_episodes", "generate_served_episodes",
+            "test_checkpoint")  # fmt: skip
     assert sum(_sum(lines, rule, "episodes") for rule in grid) == 630 + 270
-    assert math.isclose(
-        sum(figures["usd"] for figures in lines.values()), _sum(lines, "generate_episodes", "usd")
-    )
+    paid = _sum(lines, "generate_api_episodes", "usd")
+    assert math.isclose(sum(figures["usd"] for figures in lines.values()), paid)
 
     shown = run(project, "coordgap", "plan", "--configfile", "config/paper.yaml").stdout
     assert "Fill in before running: models.claude-opus-4.7.model, models.gpt-5.4.model" in shown

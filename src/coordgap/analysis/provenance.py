@@ -28,7 +28,9 @@ from coordgap.config import cell_episodes, weights_source
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# The packages whose versions decide the numbers: the analysis stack, the workflow, the models.
+# The packages whose versions decide the numbers: the analysis stack, the workflow, the models,
+# the trainers and servers (ART's own vLLM runtime is locked by ART's version), the providers'
+# clients. A job's environment holds only some of them; the others are recorded as absent.
 PACKAGES = (
     "coordgap",
     "numpy",
@@ -42,6 +44,15 @@ PACKAGES = (
     "torch",
     "transformers",
     "peft",
+    "openpipe-art",
+    "unsloth",
+    "vllm",
+    "openai",
+    "anthropic",
+    "google-genai",
+    "langchain-openai",
+    "langchain-anthropic",
+    "langchain-google-genai",
 )
 
 

@@ -1,4 +1,9 @@
-"""The manifest of prepared models: where each one's weights came from, in one file."""
+"""The manifest of prepared models: where each one's weights came from, in one file.
+
+Each entry is the model folder's ``provenance.json``: for a hub source its repo, the commit its
+files were downloaded at and each file's SHA-256; for a converted source the source file's
+digest, the dtype and the software that converted it.
+"""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import convert_to_messages
+from langchain_core.rate_limiters import InMemoryRateLimiter
 from pydantic import SecretStr
 
 from coordgap.policies.base import Decision, NoCallReason, Transcript
@@ -68,6 +69,7 @@ _OWN_ARGUMENTS = frozenset(
         "base_url",
         "api_key",
         "logprobs",
+        "rate_limiter",
         "extra_body",
         "http_async_client",
         "http_client",
@@ -129,6 +131,10 @@ class OpenAICompatible:
         max_retries: Attempts after the first for timeouts, 408, 429, 5xx and lost connections.
         backoff_base_s: The first retry waits up to this long; the bound doubles per retry.
         backoff_max_s: The longest wait between attempts, also the cap on a Retry-After.
+        requests_per_second: The most requests this backend starts per second, retries
+            included (LangChain's in-memory token bucket, one request at a time); None for no
+            limit. It holds per job: concurrent jobs on one provider are capped by the
+            workflow's per-provider resource.
         record_transcripts: Ask for the sampled tokens' log-probs and record each call's
             transcript for GRPO (provider openai; a server that names tokens by id, as vLLM
             does with ``--return-tokens-as-token-ids``, which ART's server sets).
@@ -154,6 +160,7 @@ class OpenAICompatible:
     max_retries: int = 4
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    requests_per_second: float | None = None
     record_transcripts: bool = False
     stats: BackendStats = field(default_factory=BackendStats, init=False)
     _api_key: SecretStr | None = field(init=False, repr=False)
@@ -172,6 +179,10 @@ class OpenAICompatible:
             raise ValueError(
                 f"need 0 <= backoff_base_s <= backoff_max_s, got {self.backoff_base_s} "
                 f"and {self.backoff_max_s}"
+            )
+        if self.requests_per_second is not None and self.requests_per_second <= 0:
+            raise ValueError(
+                f"requests_per_second must be positive, got {self.requests_per_second}"
             )
         if self.extra_body and self.provider != "openai":
             raise ValueError(f"extra_body needs provider 'openai', not {self.provider!r}")
@@ -305,6 +316,13 @@ class OpenAICompatible:
             "timeout": self.timeout_s,
             "max_retries": 0,
         }
+        if self.requests_per_second is not None:
+            # A bucket of one: no burst above the rate after an idle spell.
+            common["rate_limiter"] = InMemoryRateLimiter(
+                requests_per_second=self.requests_per_second,
+                check_every_n_seconds=min(0.1, 0.5 / self.requests_per_second),
+                max_bucket_size=1,
+            )
         # A setting left out is one the request does not carry: some models refuse the
         # parameter itself, whatever its value.
         for name in ("temperature", "top_p", "base_url"):

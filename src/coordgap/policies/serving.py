@@ -11,6 +11,10 @@ server command, so nothing here is specific to one server. The server:
   backend through ``SERVED_KEY_ENV``; it is never on a command line (``ps`` shows those), and
   it is struck out of every line of server output before that line reaches the job's log or
   an error message;
+- runs with the model hub offline (``HF_HUB_OFFLINE=1``): its weights were prepared at a
+  pinned commit before any GPU job (``coordgap.models.prepare``), so a server that would still
+  fetch something from the hub fails at once instead of spending GPU time on an unpinned
+  download;
 - is ready when its health path answers 200 to a request carrying the key. A server that
   exits first, or is not ready within ``start_timeout_s``, stops the job with a
   ``ServerStartError`` holding the last lines of the server's output;
@@ -138,7 +142,7 @@ def launch(
     argv = [arg.format(**(fields or {}), host=host, port=port) for arg in command]
     key = secrets.token_urlsafe(32)
     # The key by environment, never by argument: command lines are visible to every user.
-    server_env = {**os.environ, key_env: key}
+    server_env = {**os.environ, "HF_HUB_OFFLINE": "1", key_env: key}
     server_env.pop(SERVED_KEY_ENV, None)
     process = subprocess.Popen(
         argv,

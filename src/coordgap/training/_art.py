@@ -1,7 +1,8 @@
 """OpenPipe ART, imported so that it leaves transformers working: import ART only from here.
 
-The submodules the trainers use (``art.loss``, ``art.preprocessing.*``) are imported here too,
-so that they are attributes of the ``art`` this module exports.
+The submodules the trainers use (``art.loss``, ``art.preprocessing.*``, ``art.local``,
+``art.metrics_taxonomy``, ``art.vllm_runtime``) are imported here too, so that they are
+attributes of the ``art`` this module exports.
 
 Two things happen when ``art`` is imported, and both are handled here:
 
@@ -20,10 +21,13 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import art
+import art.local
 import art.loss
+import art.metrics_taxonomy
 import art.preprocessing.inputs
 import art.preprocessing.pack
 import art.preprocessing.tokenize
+import art.vllm_runtime
 from art.transformers import patches
 from transformers import masking_utils
 

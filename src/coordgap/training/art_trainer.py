@@ -8,15 +8,20 @@ template's keyword arguments of ``_internal_config`` (thinking off unless the ru
 otherwise) sent as ART's own client sends them. The tools are sent as OpenAI function
 schemas, which vLLM renders through the chat template, so every trajectory carries them too:
 ART's tokenizer renders the same template with the same tools.
-An update is one ``backend.train`` call; the checkpoint it writes is copied into our layout.
+An update is one ``backend.train`` call; the checkpoint it writes is copied into our layout,
+and the history's update fields are read from what that call reports (``update_stats``).
 
 Departures from the ``torch`` trainer that ART imposes: its optimizer is ``paged_adamw_8bit``
 and is not saved across restarts (OpenPipe/ART#72), so a resumed run continues with fresh
 optimizer moments, and its sampler log-probs come from vLLM in bf16 while the trainer may
 load the base model in 4 bits (``_internal_config.init_args.load_in_4bit``).
 
-None of this can run without a CUDA GPU and ART's backend extra; on such a machine the job
-stops at start, naming what is missing and how to get it (the dry run still plans the job).
+The trainer starts by putting the GPU job's environment in place (the site's scratch folder
+for every cache, the model hub offline, W&B off unless the site allows it:
+``coordgap.training.art_runtime``). None of this can run without a CUDA GPU, ART's backend
+extra, a node ART's vLLM runtime fits (CPU architecture, glibc, NVIDIA driver) and that
+runtime built beforehand (``make art-runtime``); elsewhere the job stops at start, naming what
+is missing and how to get it (the dry run still plans the job).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import copy
 import importlib.util
 import json
+import math
 import os
 import shutil
 from typing import TYPE_CHECKING, Any
@@ -33,7 +39,9 @@ import torch
 
 from coordgap.config import completion_limit
 from coordgap.policies.remote import OpenAICompatible
+from coordgap.site import load_site
 from coordgap.training._art import art
+from coordgap.training.art_runtime import apply_job_environment, gpu_job_shortfalls
 from coordgap.training.grpo import UpdateStats
 
 if TYPE_CHECKING:
@@ -60,9 +68,7 @@ def missing_requirements() -> list[str]:
         missing.append("a CUDA GPU")
     if importlib.util.find_spec("unsloth") is None or importlib.util.find_spec("trl") is None:
         missing.append("ART's backend extra (unsloth, trl)")
-    if shutil.which("uv") is None:
-        missing.append("the uv binary on PATH (ART builds its vLLM runtime with it)")
-    return missing
+    return [*missing, *gpu_job_shortfalls()]
 
 
 def check_requirements(run: TrainingRunConfig) -> None:
@@ -80,8 +86,8 @@ def check_requirements(run: TrainingRunConfig) -> None:
             f"training run '{run.name}' uses trainer: art (OpenPipe ART's LocalBackend), which "
             f"needs {', '.join(missing)}. On a machine with an NVIDIA GPU, install "
             "'openpipe-art[backend]==0.5.18' (it pins torch 2.10 and transformers 5.2: use an "
-            "environment of its own) and uv; the first run needs network access to build ART's "
-            "vLLM runtime. Without a GPU, set trainer: torch, which optimises the same "
+            "environment of its own) and build ART's vLLM runtime once with `make art-runtime` "
+            "(docs/art.md). Without a GPU, set trainer: torch, which optimises the same "
             "objective with ART's own preprocessing and loss."
         )
 
@@ -129,6 +135,63 @@ def train_arguments(run: TrainingRunConfig) -> dict[str, Any]:
     return arguments
 
 
+class PackedRowsBackend(art.local.LocalBackend):
+    """ART's LocalBackend, keeping the shape of the rows it packed for its last step.
+
+    How many tokens ART's trainer runs is in none of its metrics (see ``update_stats``).
+    """
+
+    rows_shape: tuple[int, ...] | None = None
+
+    def _get_packed_tensors(self, *args: Any, **kwargs: Any) -> Any:
+        packed = super()._get_packed_tensors(*args, **kwargs)
+        self.rows_shape = None if packed is None else tuple(packed["tokens"].shape)
+        return packed
+
+
+def update_stats(
+    groups: list[art.TrajectoryGroup],
+    metrics: dict[str, float],
+    rows_shape: tuple[int, ...] | None,
+) -> UpdateStats:
+    """The history's update fields from what one ``backend.train`` of ART 0.5.18 reports.
+
+    ART's LocalBackend trains one row per tokenized history, so one LLM call each (it packs no
+    two into a row), padded to the step's sequence length (a multiple of 2048), one optimizer
+    step per row. Its metrics give the rows (``data/step_num_gradient_steps``), the trained
+    positions (``data/step_trainer_tokens``), the groups whose rewards differ
+    (``data/step_num_groups_trainable``), the mean row loss and mean gradient norm before
+    clipping (``loss/train``, ``loss/grad_norm``, absent when no row ran) and the trainer's
+    wall time (``time/step_trainer_s``). The tokens run through the model are in none of them:
+    they are counted from the packed rows, padding included, as ART runs them (its one warm-up
+    pass per trainer process is not counted). ART reports neither how many rows its clip cut
+    nor the importance ratios, so those fields are NaN.
+
+    Args:
+        groups: The groups trained on.
+        metrics: The ``metrics`` of ``backend.train``'s result.
+        rows_shape: The shape of ART's packed rows (rows, sequence length); None when ART
+            found nothing to train (no row ran).
+
+    Returns:
+        The update's stats.
+    """
+    return UpdateStats(
+        groups=len(groups),
+        groups_trainable=int(metrics["data/step_num_groups_trainable"]),
+        trajectories=sum(len(group.trajectories) for group in groups),
+        rows=int(metrics[art.metrics_taxonomy.TRAIN_GRADIENT_STEPS_KEY]),
+        tokens=0 if rows_shape is None else math.prod(rows_shape),
+        trained_tokens=int(metrics["data/step_trainer_tokens"]),
+        loss=float(metrics.get("loss/train", float("nan"))),
+        grad_norm=float(metrics.get("loss/grad_norm", float("nan"))),
+        clipped_share=float("nan"),
+        ratio_log_mean=float("nan"),
+        ratio_log_first=float("nan"),
+        seconds=float(metrics["time/step_trainer_s"]),
+    )
+
+
 class ArtTrainer:
     """A run trained by ART's LocalBackend (see the module docstring).
 
@@ -140,18 +203,20 @@ class ArtTrainer:
         start: The checkpoint to continue from (0 for a new run); ART's later ones go.
 
     Raises:
-        ArtBackendUnavailable: On a machine without a CUDA GPU or ART's backend extra.
+        ArtBackendUnavailable: On a machine that lacks what ``missing_requirements`` names.
+        SiteError: The site file is invalid.
     """
 
     def __init__(
         self, run: TrainingRunConfig, base: ModelSpec, weights: Path, work: Path, start: int
     ) -> None:
+        # Before ART looks for its runtime or starts a process: they inherit the environment.
+        site = load_site()
+        apply_job_environment(site.scratch, wandb=site.wandb)
         check_requirements(run)
-        from art.local import LocalBackend
-
         self.run = run
         self._base = base.entry
-        self._backend = LocalBackend(path=str(work.resolve()))
+        self._backend = PackedRowsBackend(path=str(work.resolve()))
         self._internal = internal_config(run)
         self._model = art.TrainableModel(
             name=run.name,
@@ -199,22 +264,7 @@ class ArtTrainer:
             self._backend.train(self._model, groups, **train_arguments(self.run))
         )
         self._step = result.step
-        metrics = result.metrics
-        return UpdateStats(
-            groups=len(groups),
-            groups_trainable=int(metrics.get("data/step_num_groups_trainable", len(groups))),
-            trajectories=sum(len(group.trajectories) for group in groups),
-            rows=int(metrics.get("data/step_num_sequences", 0)),
-            tokens=int(metrics.get("data/step_num_tokens", 0)),
-            trained_tokens=int(metrics.get("data/step_num_trainable_tokens", 0)),
-            loss=float(metrics.get("loss/train", float("nan"))),
-            grad_norm=float(metrics.get("loss/grad_norm", float("nan"))),
-            # ART reports the mean norm only, not how many rows its clip cut.
-            clipped_share=float("nan"),
-            ratio_log_mean=float("nan"),
-            ratio_log_first=float("nan"),
-            seconds=float(metrics.get("time/step_trainer_s", float("nan"))),
-        )
+        return update_stats(groups, result.metrics, self._backend.rows_shape)
 
     def probe(
         self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]

@@ -452,7 +452,13 @@ class TorchGRPOTrainer:
             # ART's loss also computes the correlation of old and new probabilities (a metric
             # only), undefined over one trained position: NaN, and a warning per decision row.
             warnings.filterwarnings("ignore", r"cov\(\): degrees of freedom", UserWarning)
-            loss = art.loss.loss_fn(inputs, new, None, None, self._loss_config).policy_loss
+            # The row's tensors stay on the CPU (the ratio check reads them there); the loss
+            # needs them where the model ran.
+            on_device = {
+                key: value.to(new.device) if isinstance(value, torch.Tensor) else value
+                for key, value in inputs.items()
+            }
+            loss = art.loss.loss_fn(on_device, new, None, None, self._loss_config).policy_loss
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.run.optimizer.max_grad_norm)
         self.optimizer.step()
