@@ -208,7 +208,7 @@ def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
     assert not (project / "results/episodes/faulty/n3.parquet").exists()
     assert pl.read_parquet(project / "results/episodes/silent/n3.parquet").height == 6
     # The failure is reported with its log, which names the variable and the endpoint.
-    log = (project / "logs/generate_episodes/faulty/n3.log").read_text()
+    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
     for text in (log, output):
         assert f"check the API key in environment variable {KEY_VARIABLE}" in text
         assert f"{server.base_url} refused the request with HTTP 401" in text
@@ -232,7 +232,7 @@ def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert not (project / "results/episodes/faulty/n3.parquet").exists()
-    log = (project / "logs/generate_episodes/faulty/n3.log").read_text()
+    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
     assert "faulty n=3: 6 of 6 episodes ended in error" in log
     assert re.search(r"failed calls: \d+ x \w*ConnectionError", log)
     # Every warning of a failed call names the endpoint and the model.

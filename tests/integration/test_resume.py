@@ -152,7 +152,7 @@ def test_a_stop_signal_drops_the_calls_in_flight_and_the_rerun_plays_only_those(
         assert seconds < EXIT_WITHIN_S
         journalled = _journalled(journal)
         assert 1 <= journalled <= in_flight
-        log = (project / "logs/generate_episodes/slow/n3.log").read_text()
+        log = (project / "logs/generate_api_episodes/slow/n3.log").read_text()
         assert f"cancelled: {journalled} of {episodes} episodes journalled" in log
 
         server.restart([ok("think")])

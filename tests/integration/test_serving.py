@@ -35,12 +35,7 @@ LLAMA_PYTHON = llama_server_python()
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_llama_server]
 
 # llama-cpp-python's server reads its key from API_KEY and has no /health.
-SERVER = {
-    "key_env": "API_KEY",
-    "health": "/v1/models",
-    "start_timeout_s": 120.0,
-    "gpu_memory_gb": 0,
-}
+SERVER = {"key_env": "API_KEY", "health": "/v1/models", "start_timeout_s": 120.0}
 PROMPT = [
     {"role": "system", "content": "You are philosopher 0 at a table of 5. Call one tool."},
     {"role": "user", "content": "Both your forks are free. You hold none. Round 1 of 5."},
@@ -178,6 +173,7 @@ def test_a_checkpoint_is_served_with_the_lora_arguments_and_asked_for_by_name(tm
         "adapter": str(adapter),
         "serve": {
             **SERVER,
+            "gpu_memory_gb": 0,
             "source": None,
             "command": _command(),
             # llama.cpp serves GGUF LoRAs only: these stand in for vLLM's --lora-modules, and
@@ -225,7 +221,13 @@ def _served_study(tiny_config: dict, key_file: Path) -> dict:
             "requests_per_second": None,
             "max_in_flight": 2,
             "episodes_per_cell": 3,
-            "serve": {**SERVER, "source": None, "command": command, "lora": None},
+            "serve": {
+                **SERVER,
+                "gpu_memory_gb": 0,
+                "source": None,
+                "command": command,
+                "lora": None,
+            },
         },
     }
     config["analysis"]["comparisons"] = [["smollm2-served", "resource_hierarchy"]]
