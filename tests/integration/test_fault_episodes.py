@@ -26,6 +26,7 @@ from tests.integration.fault_server import (
     api_model_entry,
     empty,
     failing,
+    fixed_latency,
     hang,
     no_choices,
     ok,
@@ -241,3 +242,25 @@ def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     journal = project / "results/episodes/faulty/n3.partial"
     assert not list(journal.glob("e*.parquet"))
     _assert_secret_nowhere(project, output)
+
+
+def test_the_provider_slot_keeps_two_cells_of_one_provider_apart(tmp_path, tiny_config):
+    """Two API models on one endpoint share its api_<provider> slot: with the profile's cap at
+    one, the second cell's first request comes after the first cell's last; with a cap of two
+    (or none) the two cores play both at once and their requests interleave."""
+    with FaultServer([fixed_latency(500)]) as server:
+        config = _config(tiny_config, server.base_url)
+        config["models"] = {
+            name: api_model_entry(server.base_url, model=name, episodes_per_cell=2, timeout_s=5)
+            for name in ("first", "second")
+        }
+        config["analysis"]["timeline"]["model"] = "first"
+        project = copy_workflow(tmp_path / "project", config)
+        # The loopback endpoint's slot (its host 127.0.0.1), capped as the profiles cap one.
+        run(project, "snakemake", "all", "--cores", "2", "--resources", "api_127_0_0_1=1")
+    arrivals: dict[str, list[float]] = {}
+    for request in server.requests:
+        arrivals.setdefault(request.body["model"], []).append(request.received_s)
+    spans = sorted((min(times), max(times)) for times in arrivals.values())
+    assert len(spans) == 2, arrivals.keys()
+    assert spans[0][1] < spans[1][0], spans
