@@ -3,6 +3,7 @@
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from snakemake.utils import available_cpu_count, validate
 
@@ -13,6 +14,7 @@ from coordgap.config import (
     check_cross_keys,
     checkpoint_families,
     evaluated_steps,
+    generation_rule,
     is_served,
     selected_checkpoints,
     weights_source,
@@ -31,16 +33,19 @@ SITE = load_site()
 MODELS = list(config["models"])
 # Models with prepared weights (resources/models/<name>), local or served with a source.
 PREPARED_MODELS = [name for name, entry in config["models"].items() if weights_source(entry)]
+
+
+def models_of(rule):
+    """The models whose cells the generation rule ``rule`` plays (coordgap.config)."""
+    return [name for name, entry in config["models"].items() if generation_rule(entry) == rule]
+
+
 # Models played through a server their own job starts (serve:), on a GPU.
-SERVED_MODELS = [name for name, entry in config["models"].items() if is_served(entry)]
+SERVED_MODELS = models_of("generate_served_episodes")
 # Models behind a hosted API (kind openai, no serve:), played by jobs that need no GPU.
-API_MODELS = [
-    name
-    for name, entry in config["models"].items()
-    if entry["kind"] == "openai" and name not in SERVED_MODELS
-]
+API_MODELS = models_of("generate_api_episodes")
 # Scripted and in-process models: everything the job itself computes.
-IN_JOB_MODELS = [name for name in MODELS if name not in SERVED_MODELS + API_MODELS]
+IN_JOB_MODELS = models_of("generate_episodes")
 RUNS = list(config["training"]["runs"])
 POLICIES = config["evaluation"]["policies"]
 # Selected checkpoints, models named <run>@<policy>: each plays the test grid.
@@ -141,7 +146,7 @@ def api_group(entry):
     LangChain provider for its default endpoint, else the endpoint's host (api.x.ai -> x_ai)."""
     if entry["base_url"] is None:
         return entry["provider"]
-    host = re.sub(r"^api\.", "", re.match(r"\w+://([^/:]+)", entry["base_url"]).group(1))
+    host = urlsplit(entry["base_url"]).hostname.removeprefix("api.")
     return re.sub(r"\W", "_", host)
 
 
