@@ -47,6 +47,7 @@ from common import (
     ROOT,
     SOURCE,
     TOOLS6,
+    all_trainable,
     job_threads,
     linear_parameters,
     matmul_peak,
@@ -101,9 +102,7 @@ def time_step(groups_per_step: int, episodes_per_group: int) -> dict[str, Any]:
                 candidates=None, scores=None, choice=None, choice_logprob=None
             )
         groups = trajectory_groups(tables["episodes"], transcripts, run)
-        for group in groups:
-            for trajectory in group.trajectories:
-                trajectory.reward = float(trajectory.metadata["episode"])
+        all_trainable(groups)
         fresh = TorchGRPOTrainer(MODEL_DIR, run, BASE)
         random.seed(0)
         noise = fresh.sampler_gaps(fresh.rows(groups))

@@ -60,6 +60,7 @@ try:
         MODEL_DIR,
         RESULTS,
         SOURCE,
+        all_trainable,
         linear_parameters,
         machine,
         matmul_peak,
@@ -237,11 +238,7 @@ def time_update(folder: Path, shape: str, device: torch.device, peak: float) -> 
     )
     rollout_seconds = time.perf_counter() - start
     groups = trajectory_groups(tables["episodes"], tables["transcripts"], run)
-    # The update's cost does not depend on the rewards' values: distinct rewards per episode
-    # make every trajectory trainable, the largest update a step can have.
-    for group in groups:
-        for trajectory in group.trajectories:
-            trajectory.reward = float(trajectory.metadata["episode"])
+    all_trainable(groups)
     updates = []
     # A GPU's first update also pays loading the backward's kernels, once; a CPU has none.
     for _ in range(1 if device.type == "cpu" else 2):
