@@ -260,6 +260,11 @@ def run_entry(wildcards):
     return config["training"]["runs"][wildcards.run]
 
 
+def run_steps(wildcards):
+    """The checkpoints of the job's run that validation plays."""
+    return evaluated_steps(config, wildcards.run)
+
+
 def run_base_entry(wildcards):
     """The models entry of the run's base model."""
     return config["models"][run_entry(wildcards)["base_model"]]
@@ -293,13 +298,6 @@ def training_targets():
     )
 
 
-def validation_tables(wildcards):
-    """The validation episode tables of every evaluated checkpoint of the job's run."""
-    return expand(
-        "results/eval/{run}/step_{step:04d}.parquet",
-        run=wildcards.run,
-        step=evaluated_steps(config, wildcards.run),
-    )
 
 
 def selected_base_entry(wildcards):
@@ -364,11 +362,7 @@ def provenance_records():
     return [
         *expand("results/episodes/{model}/n{size}.provenance.json", model=MODELS, size=SIZES),
         *expand("results/train/{run}/provenance.json", run=RUNS),
-        *(
-            f"results/eval/{run}/step_{step:04d}.provenance.json"
-            for run in RUNS
-            for step in evaluated_steps(config, run)
-        ),
+        *expand("results/eval/{run}/validation.provenance.json", run=RUNS),
         *(f"results/test/{name}/n{size}.provenance.json" for name in SELECTED for size in SIZES),
     ]
 

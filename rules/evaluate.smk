@@ -2,7 +2,9 @@
 # of each selected checkpoint, played as model <run>@<policy>.
 
 
-rule evaluate_checkpoint:
+rule evaluate_checkpoints:
+    # One job per run plays every evaluated checkpoint: a served base model's server starts
+    # once for all of them (coordgap.evaluation.checkpoints.validate_checkpoints).
     input:
         weights=run_weights,
         checkpoints="results/train/{run}/checkpoints",
@@ -19,12 +21,12 @@ rule evaluate_checkpoint:
             "analysis/provenance.py",
         ),
     output:
-        episodes="results/eval/{run}/step_{step}.parquet",
-        steps="results/eval/{run}/step_{step}.steps.parquet",
-        transcripts="results/eval/{run}/step_{step}.transcripts.parquet",
-        provenance="results/eval/{run}/step_{step}.provenance.json",
+        # step_<kkkk>.parquet and its steps and transcripts tables, per evaluated checkpoint.
+        validation=directory("results/eval/{run}/validation"),
+        provenance="results/eval/{run}/validation.provenance.json",
     params:
         run=run_entry,
+        steps=run_steps,
         provenance=provenance_of("eval"),
         base=run_base_entry,
         environment=lookup(dpath="environment", within=config),
@@ -32,9 +34,9 @@ rule evaluate_checkpoint:
         first_scenario=lookup(dpath="scenarios/validation", within=config),
         episodes=lookup(dpath="evaluation/episodes", within=config),
     log:
-        "logs/evaluate_checkpoint/{run}/step_{step}.log",
+        "logs/evaluate_checkpoints/{run}.log",
     benchmark:
-        "logs/evaluate_checkpoint/{run}/step_{step}.benchmark.tsv"
+        "logs/evaluate_checkpoints/{run}.benchmark.tsv"
     threads: MODEL_THREADS
     resources:
         **RESOURCES["medium"],
@@ -44,13 +46,13 @@ rule evaluate_checkpoint:
     conda:
         checkpoint_env
     script:
-        "../workflow/scripts/evaluate_checkpoint.py"
+        "../workflow/scripts/evaluate_checkpoints.py"
 
 
 rule select_checkpoint:
     input:
         rollouts="results/train/{run}/rollouts",
-        validation=validation_tables,
+        validation=rules.evaluate_checkpoints.output.validation,
         code=SELECTION_CODE,
     output:
         # One job and file per policy, holding its choice: adding a policy runs only its own
@@ -72,7 +74,7 @@ rule select_checkpoint:
 rule summarize_selection:
     input:
         rollouts="results/train/{run}/rollouts",
-        validation=validation_tables,
+        validation=rules.evaluate_checkpoints.output.validation,
         code=SELECTION_CODE,
     output:
         "results/eval/{run}/selection.json",

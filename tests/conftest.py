@@ -52,14 +52,18 @@ def tool_env(site: Path | None = None) -> dict[str, str]:
 
 
 def run(
-    cwd: Path, *args: str, check: bool = True, site: Path | None = None
+    cwd: Path,
+    *args: str,
+    check: bool = True,
+    site: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a venv tool in ``cwd`` (with ``site`` as its site file) and return the completed
-    process, output captured."""
+    """Run a venv tool in ``cwd`` (with ``site`` as its site file and ``env``'s variables
+    besides) and return the completed process, output captured."""
     result = subprocess.run(
         [str(Path(sys.executable).parent / args[0]), *args[1:]],
         cwd=cwd,
-        env=tool_env(site),
+        env=tool_env(site) | (env or {}),
         capture_output=True,
         text=True,
         timeout=600,

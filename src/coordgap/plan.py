@@ -43,7 +43,7 @@ RULES = (
     "generate_api_episodes",
     "generate_served_episodes",
     "train_grpo",
-    "evaluate_checkpoint",
+    "evaluate_checkpoints",
     "test_checkpoint",
 )
 _SUMS = ("jobs", "episodes", "decisions", "tokens_in", "tokens_out", "usd", "gpu_hours")
@@ -142,7 +142,8 @@ def estimate(config: dict[str, Any], root: Path) -> list[Line]:
         )
         steps = evaluated_steps(config, run_name)
         validation = [(run.n_at(run.steps - 1), config["evaluation"]["episodes"])] * len(steps)
-        lines.append(_line("evaluate_checkpoint", run_name, validation, rounds, base, None))
+        # One job plays all of a run's checkpoints: a server starts once.
+        lines.append(_line("evaluate_checkpoints", run_name, validation, rounds, base, None, 1))
     for name, (run_name, _) in selected_checkpoints(config).items():
         base_name = config["training"]["runs"][run_name]["base_model"]
         cells = [(size, cell_episodes(config, base_name)) for size in config["experiment"]["sizes"]]
@@ -171,15 +172,9 @@ def actual(config: dict[str, Any], root: Path) -> list[Line]:
     for run in config["training"]["runs"]:
         rollouts = _tables(results / "train" / run / "rollouts")
         found.append(("train_grpo", run, rollouts, [logs / "train_grpo" / f"{run}.benchmark.tsv"]))
-        validation = _tables(results / "eval" / run)
-        found.append(
-            (
-                "evaluate_checkpoint",
-                run,
-                validation,
-                _benchmarks(logs / "evaluate_checkpoint" / run),
-            )
-        )
+        validation = _tables(results / "eval" / run / "validation")
+        benchmark = logs / "evaluate_checkpoints" / f"{run}.benchmark.tsv"
+        found.append(("evaluate_checkpoints", run, validation, [benchmark]))
     for name in selected_checkpoints(config):
         tables = _tables(results / "test" / name)
         found.append(
@@ -274,15 +269,17 @@ def _line(
     rounds: int,
     rates: Rates,
     price: dict[str, float] | None,
+    jobs: int | None = None,
 ) -> Line:
-    """The line of ``cells`` (N, episodes), one job each, at ``rates``."""
+    """The line of ``cells`` (N, episodes) at ``rates``, in ``jobs`` jobs (default: one each)."""
+    jobs = len(cells) if jobs is None else jobs
     decisions = sum(episodes * n * rounds * rates.length for n, episodes in cells)
     tokens_in, tokens_out = decisions * rates.tokens_in, decisions * rates.tokens_out
-    gpu_s = decisions * rates.gpu_s + (len(cells) * rates.start_s if rates.gpu_s else 0.0)
+    gpu_s = decisions * rates.gpu_s + (jobs * rates.start_s if rates.gpu_s else 0.0)
     return Line(
         rule,
         model,
-        len(cells),
+        jobs,
         sum(episodes for _, episodes in cells),
         decisions,
         tokens_in,

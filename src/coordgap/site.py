@@ -110,6 +110,41 @@ class SlurmSite:
         return min(fitting, key=lambda card: card.memory_gb).model
 
 
+# Each cache's variable and its folder under the scratch folder. XDG_CACHE_HOME is the scratch
+# folder itself, so that the tools that follow it and have no variable here land there too;
+# the others here ignore it (ART, Triton, torch inductor, FlashInfer, Unsloth).
+SCRATCH_CACHES = {
+    "XDG_CACHE_HOME": ".",
+    "ART_VLLM_RUNTIME_CACHE_DIR": "art/vllm_runtime",
+    "UV_CACHE_DIR": "uv",
+    # Not inside uv's cache: the runtime's venv links to this Python, and `uv cache clean`
+    # would delete it.
+    "UV_PYTHON_INSTALL_DIR": "uv-python",
+    "HF_HOME": "huggingface",
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    # FlashInfer keeps its JIT-compiled kernels in <this>/.cache/flashinfer.
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    # Unsloth writes its compiled modules to ./unsloth_compiled_cache unless told otherwise.
+    "UNSLOTH_COMPILE_LOCATION": "unsloth_compiled_cache",
+}
+
+
+def cache_variables(scratch: Path | None) -> dict[str, str]:
+    """The variables that put a GPU job's caches under ``scratch`` (``SCRATCH_CACHES``).
+
+    Args:
+        scratch: The site's scratch folder; None leaves each tool's default (mostly $HOME).
+
+    Returns:
+        Variable -> folder; empty without a scratch folder.
+    """
+    if scratch is None:
+        return {}
+    return {name: str(scratch / folder) for name, folder in SCRATCH_CACHES.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Site:
     """The whole site file; the defaults are what no file means."""

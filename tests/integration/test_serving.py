@@ -7,6 +7,7 @@ import copy
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,12 +18,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
-from coordgap.config import ModelSpec
+from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol
+from coordgap.evaluation.checkpoints import CheckpointJob, step_label
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.policies.serving import SERVED_KEY_ENV, ServerStartError, launch, serve_model
-from tests.conftest import copy_workflow, plan_lines, run
+from coordgap.site import SITE_ENV
+from tests.conftest import ROOT, copy_workflow, plan_lines, run
 from tests.integration.processes import (
     group_alive,
     llama_server_command,
@@ -193,6 +198,76 @@ def test_a_checkpoint_is_served_with_the_lora_arguments_and_asked_for_by_name(tm
     assert listed == ["step_0003"]
 
 
+def _served_entry(command: list[str], lora: list[str] | None) -> dict:
+    """SmolLM2 served by llama.cpp inside its jobs, as a ``models:`` entry."""
+    return {
+        "kind": "openai",
+        "provider": "openai",
+        "base_url": None,
+        "model": "smollm2",
+        "api_key_env": None,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 48,
+        "extra_body": {"max_tokens": 48},  # llama-cpp-python reads max_tokens only
+        "model_kwargs": {},
+        "tool_choice": "auto",
+        "timeout_s": 120,
+        "max_retries": 1,
+        "backoff_base_s": 0.1,
+        "backoff_max_s": 1.0,
+        "requests_per_second": None,
+        "max_in_flight": 2,
+        "episodes_per_cell": 3,
+        "serve": {**SERVER, "gpu_memory_gb": 0, "source": None, "command": command, "lora": lora},
+    }
+
+
+def test_a_runs_validation_plays_every_checkpoint_through_one_server(
+    tmp_path, tiny_config, caplog, monkeypatch
+):
+    checkpoints = tmp_path / "checkpoints"
+    steps = [0, 2]
+    for step in steps:
+        (checkpoints / step_label(step)).mkdir(parents=True)
+    # llama.cpp serves GGUF LoRAs only: the server records the LoRA arguments it was given
+    # (everything after "server") and serves the base model under whatever name is asked for.
+    # It also says where its vLLM cache is: under the site's scratch folder.
+    argv, cache = tmp_path / "argv", tmp_path / "cache"
+    script = (
+        f'printf "%s\\n" "$@" > {argv}; printf %s "$VLLM_CACHE_ROOT" > {cache}; '
+        f"exec {shlex.join(_command())}"
+    )
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"scratch": str(tmp_path / "scratch")}))
+    monkeypatch.setenv(SITE_ENV, str(site))
+    lora = ["--enable-lora", "--lora-modules", "{adapter_name}={adapter}"]
+    base = _served_entry(["sh", "-c", script, "server"], lora)
+    folder = tmp_path / "validation"
+    with caplog.at_level(logging.INFO, logger="coordgap.policies.serving"):
+        CheckpointJob(
+            base=base,
+            checkpoints=checkpoints,
+            env=EnvironmentConfig.from_dict({**tiny_config["environment"], "rounds": 2}),
+            base_seed=0,
+            first_scenario=0,
+            weights=tmp_path,
+            templates=PromptTemplates.load(ROOT / "config" / "prompts"),
+        ).validate("run", steps, n=3, episodes=1, folder=folder)
+    assert sum(record.getMessage().startswith("started ") for record in caplog.records) == 1
+    assert argv.read_text().split() == [
+        "--enable-lora",
+        "--lora-modules",
+        *(f"{step_label(step)}={(checkpoints / step_label(step)).resolve()}" for step in steps),
+    ]
+    assert cache.read_text() == str(tmp_path / "scratch" / "vllm")
+    for step in steps:
+        episodes = pl.read_parquet(folder / f"{step_label(step)}.parquet")
+        assert episodes["checkpoint"].to_list() == [step_label(step)]
+        assert episodes["status"].to_list() == ["ok"]
+    assert not (tmp_path / "validation.partial").exists()
+
+
 def _served_study(tiny_config: dict, key_file: Path) -> dict:
     """The tiny design with SmolLM2 served by llama.cpp inside its jobs, at N = 3 and 4."""
     # The server writes its key where the test can find it, outside the project.
@@ -202,33 +277,7 @@ def _served_study(tiny_config: dict, key_file: Path) -> dict:
     config["experiment"] = {**config["experiment"], "sizes": [3, 4], "episodes_per_cell": 2}
     config["models"] = {
         "resource_hierarchy": config["models"]["resource_hierarchy"],
-        "smollm2-served": {
-            "kind": "openai",
-            "provider": "openai",
-            "base_url": None,
-            "model": "smollm2",
-            "api_key_env": None,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "max_tokens": 48,
-            "extra_body": {"max_tokens": 48},  # llama-cpp-python reads max_tokens only
-            "model_kwargs": {},
-            "tool_choice": "auto",
-            "timeout_s": 120,
-            "max_retries": 1,
-            "backoff_base_s": 0.1,
-            "backoff_max_s": 1.0,
-            "requests_per_second": None,
-            "max_in_flight": 2,
-            "episodes_per_cell": 3,
-            "serve": {
-                **SERVER,
-                "gpu_memory_gb": 0,
-                "source": None,
-                "command": command,
-                "lora": None,
-            },
-        },
+        "smollm2-served": _served_entry(command, lora=None),
     }
     config["analysis"]["comparisons"] = [["smollm2-served", "resource_hierarchy"]]
     config["analysis"]["timeline"] = {"model": "resource_hierarchy", "n": 3, "episode": 0}

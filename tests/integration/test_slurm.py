@@ -247,7 +247,7 @@ def test_the_site_file_places_jobs_through_the_workflow_profile(tmp_path):
             small = wildcards.get("model") == "deepseek-r1-distill-qwen-7b"
             assert resources["gpu_model"] == ("l40s" if small else "h100"), (rule, wildcards)
     assert placed_rules >= {"prepare_model", "generate_api_episodes", "generate_served_episodes",
-                            "train_grpo", "evaluate_checkpoint", "test_checkpoint",
+                            "train_grpo", "evaluate_checkpoints", "test_checkpoint",
                             "compute_stats"}, placed_rules  # fmt: skip
 
 
@@ -266,7 +266,7 @@ def test_a_model_no_card_of_the_site_holds_stops_before_any_job(tmp_path):
 # What the 2-CPU test node can give the model rules of profiles/slurm; its one "GPU" is a
 # generic resource without a device (.ci/slurm.sh), which CPU torch never looks for. These
 # options take lists: the target goes before them.
-MODEL_RULES = ("generate_episodes", "train_grpo", "evaluate_checkpoint", "test_checkpoint")
+MODEL_RULES = ("generate_episodes", "train_grpo", "evaluate_checkpoints", "test_checkpoint")
 SMALL_NODE = (
     "--set-resources",
     "prepare_model:mem_mb=4000",
@@ -324,7 +324,7 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
     rules = sorted(jobs[job][0] for job in submitted)
     for rule, count in [
         ("train_grpo", 1),
-        ("evaluate_checkpoint", 3),
+        ("evaluate_checkpoints", 1),
         ("select_checkpoint", 0),  # a localrule: it reads two small tables
         ("test_checkpoint", 2),
         ("generate_episodes", 2),
@@ -338,7 +338,7 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
         placements.setdefault(jobs[job][0], set()).add(_placement(slurm_id))
     gpu_job = ("gpu", "coordgap-ci", "gres:gpu:ci_card:1")
     cpu_job = ("cpu", "coordgap-ci", "")
-    for rule in ("train_grpo", "evaluate_checkpoint", "test_checkpoint"):
+    for rule in ("train_grpo", "evaluate_checkpoints", "test_checkpoint"):
         assert placements[rule] == {gpu_job}, (rule, placements)
     # The cells of the in-process model use the GPU; the scripted cells do not.
     assert placements["generate_episodes"] == {gpu_job, cpu_job}, placements

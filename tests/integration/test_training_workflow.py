@@ -149,12 +149,21 @@ def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
 def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Path) -> None:
     run(uninterrupted, "snakemake", "--cores", "2", "all")
     results = uninterrupted / "results"
-    # Every checkpoint played its validation episodes, each in one file.
-    assert sorted(p.name for p in (results / "eval/tiny-grpo").glob("step_????.parquet")) == [
+    # Every checkpoint played its validation episodes, each in one file, all in one job and
+    # on the same scenarios; the job's journal is gone.
+    folder = results / "eval/tiny-grpo/validation"
+    tables = sorted(folder.glob("step_????.parquet"))
+    assert [path.name for path in tables] == [
         "step_0000.parquet",
         "step_0001.parquet",
         "step_0002.parquet",
     ]
+    validation = pl.concat([pl.read_parquet(path) for path in tables])
+    assert validation["checkpoint"].unique(maintain_order=True).to_list() == [
+        path.stem for path in tables
+    ]
+    assert len({tuple(pl.read_parquet(path)["scenario"]) for path in tables}) == 1
+    assert not (results / "eval/tiny-grpo/validation.partial").exists()
     selection = json.loads((results / "eval/tiny-grpo/selection.json").read_text())
     assert selection["choices"]["last"]["step"] == 2
     chosen = selection["choices"]["best_val"]["step"]
@@ -164,7 +173,7 @@ def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Pat
     # The test grid plays the base model's scenarios, which no training or validation saw.
     base = pl.read_parquet(results / "episodes/llm/n3.parquet")
     assert tested["scenario"].to_list() == base["scenario"].to_list()
-    seen = {*pl.read_parquet(results / "eval/tiny-grpo/step_0000.parquet")["scenario"]}
+    seen = {*validation["scenario"]}
     for path in (results / "train/tiny-grpo/rollouts").glob("step_????.parquet"):
         seen |= {*pl.read_parquet(path)["scenario"]}
     assert not seen & {*base["scenario"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 
@@ -10,7 +11,7 @@ import polars as pl
 import pytest
 
 from coordgap.agents.graphs import philosopher_graph, play_episode_graph, table_graph
-from coordgap.agents.runner import Cell, CellErrors, CellOutputs, run_cell
+from coordgap.agents.runner import Cell, CellErrors, CellOutputs, merge_journal, run_cell
 from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import EpisodeSeeds
 from coordgap.env.table import TurnOrder
@@ -112,6 +113,31 @@ def test_runner_output_does_not_depend_on_concurrency(tmp_path):
         assert (tmp_path / "in_flight_1" / name).read_bytes() == (
             tmp_path / "in_flight_4" / name
         ).read_bytes()
+
+
+def test_a_cell_left_unmerged_keeps_its_journal_and_resumes_without_replaying(tmp_path):
+    # A run's validation: each checkpoint's cell journals outside the job's output folder and
+    # is merged into it only when every cell is done; a rerun of a finished cell plays nothing.
+    env = _env("tools6", "simultaneous", history=0)
+    cell = dataclasses.replace(_cell(env, 2), checkpoint="step_0002")
+    journal = CellOutputs.at(tmp_path / "validation.partial" / "step_0002")
+    factory = _counting_factory(env, {"now": 0, "peak": 0})
+    asyncio.run(run_cell(cell, journal, factory, 1, False, merge=False))
+    assert journal.journal.is_dir()
+    assert not journal.episodes.exists()
+
+    def refuse(n, seed, rng):
+        raise AssertionError("a journalled episode was played again")
+
+    asyncio.run(run_cell(cell, journal, refuse, 1, False, merge=False))
+    outputs = CellOutputs.at(tmp_path / "validation" / "step_0002")
+    outputs.episodes.parent.mkdir()
+    merge_journal(cell, outputs, journal=journal)
+    episodes = pl.read_parquet(outputs.episodes)
+    assert episodes["checkpoint"].to_list() == ["step_0002"] * 2
+    assert episodes["episode"].to_list() == [0, 1]
+    assert set(pl.read_parquet(outputs.steps)["episode"]) == {0, 1}
+    assert not journal.journal.exists()
 
 
 def test_runner_discards_a_journal_written_with_other_settings(tmp_path):

@@ -26,11 +26,10 @@ import yaml
 
 from coordgap.cli import main
 from coordgap.config import ModelSpec, TrainingRunConfig
-from coordgap.site import SITE_ENV
+from coordgap.site import SCRATCH_CACHES, SITE_ENV
 from coordgap.training import art_runtime
 from coordgap.training._art import art
 from coordgap.training.art_runtime import (
-    CACHE_FOLDERS,
     WANDB_KEY,
     RuntimeNeeds,
     apply_job_environment,
@@ -65,7 +64,7 @@ def environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
         name: value
         for name, value in os.environ.items()
         if name
-        not in {*CACHE_FOLDERS, "HF_HUB_OFFLINE", "WANDB_MODE", WANDB_KEY, "ART_VLLM_RUNTIME_BIN"}
+        not in {*SCRATCH_CACHES, "HF_HUB_OFFLINE", "WANDB_MODE", WANDB_KEY, "ART_VLLM_RUNTIME_BIN"}
     }
     copy[SITE_ENV] = str(tmp_path / "no-site.yaml")
     monkeypatch.setattr(os, "environ", copy)
@@ -124,7 +123,7 @@ def test_a_gpu_job_keeps_its_caches_under_scratch_where_their_readers_look(
         "TRITON_CACHE_DIR",
         "TORCHINDUCTOR_CACHE_DIR",
     } <= set(variables)
-    folders = [Path(environ[name]) for name in CACHE_FOLDERS]
+    folders = [Path(environ[name]) for name in SCRATCH_CACHES]
     assert all(folder.is_relative_to(scratch) for folder in folders)
     # Each cache in a folder of its own, but XDG_CACHE_HOME (the catch-all) is scratch itself.
     assert len(set(folders)) == len(folders)

@@ -24,7 +24,7 @@ OUTPUTS = [
     ("episodes", "gpt-5.4", "results/episodes/gpt-5.4/n5.provenance.json"),
     ("episodes", "qwen3-14b", "results/episodes/qwen3-14b/n5.provenance.json"),
     ("train", "qwen3-14b-grpo", "results/train/qwen3-14b-grpo/provenance.json"),
-    ("eval", "qwen3-14b-grpo", "results/eval/qwen3-14b-grpo/step_0003.provenance.json"),
+    ("eval", "qwen3-14b-grpo", "results/eval/qwen3-14b-grpo/validation.provenance.json"),
     ("test", "qwen3-14b-grpo@last", "results/test/qwen3-14b-grpo@last/n5.provenance.json"),
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -60,6 +61,7 @@ def _edit(repo, change) -> None:
 
 def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo):
     first = run(dvc_repo, "dvc", "repro")
+    assert "Using workflow specific profile profiles/default" in first.stdout + first.stderr
     assert (dvc_repo / "results" / "report.md").exists()
     assert (dvc_repo / "dvc.lock").exists()
     episodes = sorted((dvc_repo / "results" / "episodes").rglob("*.parquet"))
@@ -77,7 +79,12 @@ def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo
     config["reward"]["weights"]["idle"] = 0.5
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-    third = run(dvc_repo, "dvc", "repro")
+    # A cluster's run names its workflow profile (here a copy of the default); which one ran
+    # changes no stage.
+    shutil.copytree(dvc_repo / "profiles" / "default", dvc_repo / "profiles" / "site")
+    profile = {"COORDGAP_WORKFLOW_PROFILE": "profiles/site"}
+    third = run(dvc_repo, "dvc", "repro", env=profile)
+    assert "Using workflow specific profile profiles/site" in third.stdout + third.stderr
     assert "Stage 'episodes' didn't change" in third.stdout, third.stdout
     assert "Running stage 'analysis'" in third.stdout, third.stdout
     assert _episode_jobs(third.stdout + third.stderr) == 0
@@ -102,7 +109,7 @@ def test_selection_and_learning_rate_changes_rerun_exactly_what_depends_on_them(
     output = reselected.stdout + reselected.stderr
     assert "Stage 'train' didn't change" in output, output
     assert "Running stage 'evaluate'" in output, output
-    assert _jobs(output, "train_grpo") == _jobs(output, "evaluate_checkpoint") == 0
+    assert _jobs(output, "train_grpo") == _jobs(output, "evaluate_checkpoints") == 0
     assert _jobs(output, "select_checkpoint") == 1  # lcb_val's own; the others are kept
     assert _jobs(output, "test_checkpoint") == 1  # lcb_val at the one size
     assert {path: path.stat().st_mtime_ns for path in mtimes} == mtimes
@@ -115,7 +122,7 @@ def test_selection_and_learning_rate_changes_rerun_exactly_what_depends_on_them(
     for stage in ("train", "evaluate", "analysis"):
         assert f"Running stage '{stage}'" in output, output
     assert _jobs(output, "train_grpo") == 1
-    assert _jobs(output, "evaluate_checkpoint") == 3
+    assert _jobs(output, "evaluate_checkpoints") == 1
     assert _episode_jobs(output) == 0
     assert {path: path.stat().st_mtime_ns for path in episodes} == {
         path: mtimes[path] for path in episodes

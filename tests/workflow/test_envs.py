@@ -85,7 +85,7 @@ def _expected_env(config: dict, rule: str, wildcards: dict[str, str]) -> str:
         return "vllm.yaml" if _served(entry) else "api.yaml"
     if rule == "train_grpo":
         return "art.yaml" if runs[wildcards["run"]]["trainer"] == "art" else "coordgap.yaml"
-    if rule in ("evaluate_checkpoint", "test_checkpoint"):
+    if rule in ("evaluate_checkpoints", "test_checkpoint"):
         base = models[runs[wildcards["run"]]["base_model"]]
         return "vllm.yaml" if _served(base) else "coordgap.yaml"
     return "coordgap.yaml"
@@ -129,14 +129,14 @@ def test_the_two_configs_use_every_env_file(job_envs):
         ("generate_api_episodes", "api.yaml"),
         ("generate_served_episodes", "vllm.yaml"),
         ("train_grpo", "art.yaml"),
-        ("evaluate_checkpoint", "vllm.yaml"),
+        ("evaluate_checkpoints", "vllm.yaml"),
         ("test_checkpoint", "vllm.yaml"),
     } <= paper_rules
     default_rules = {(rule, Path(env).name) for rule, _, env in job_envs["default"]["jobs"] if env}
     assert {
         ("generate_episodes", "coordgap.yaml"),
         ("train_grpo", "coordgap.yaml"),
-        ("evaluate_checkpoint", "coordgap.yaml"),
+        ("evaluate_checkpoints", "coordgap.yaml"),
     } <= default_rules
 
 

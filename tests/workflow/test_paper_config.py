@@ -22,15 +22,15 @@ SUPPLEMENTARY = {"qwen3-8b", "qwen3-8b-grpo@last", "deepseek-r1-distill-qwen-7b"
 # Every job of the paper's study from scratch. The test grid: 4 API models
 # (generate_api_episodes) and 4 vLLM-served ones (generate_served_episodes) at 3 sizes, and
 # the 2 runs' selected checkpoints (policy last) at 3 sizes (test_checkpoint). Each run
-# validates checkpoints 0-16 (evaluate_checkpoint); the 4 vLLM-served models have prepared
-# weights (prepare_model).
+# validates checkpoints 0-16 in one job (evaluate_checkpoints); the 4 vLLM-served models have
+# prepared weights (prepare_model).
 PAPER_JOBS = {
     "prepare_model": 4,
     "write_model_manifest": 1,
     "generate_api_episodes": 12,
     "generate_served_episodes": 12,
     "train_grpo": 2,
-    "evaluate_checkpoint": 34,
+    "evaluate_checkpoints": 2,
     "select_checkpoint": 2,
     "summarize_selection": 2,
     "test_checkpoint": 6,
@@ -40,14 +40,14 @@ PAPER_JOBS = {
 GENERATION_RULES = ("generate_episodes", "generate_api_episodes", "generate_served_episodes")
 GRID_RULES = (*GENERATION_RULES, "test_checkpoint")
 # The GPU smoke run (config/gpu_smoke.yaml): one served model trained 2 steps, and a scripted
-# reference, at N = 5; README's "On a Slurm cluster" states its 30 jobs.
+# reference, at N = 5; README's "On a Slurm cluster" states its 28 jobs.
 GPU_SMOKE_JOBS = {
     "prepare_model": 1,
     "write_model_manifest": 1,
     "generate_episodes": 1,
     "generate_served_episodes": 1,
     "train_grpo": 1,
-    "evaluate_checkpoint": 3,
+    "evaluate_checkpoints": 1,
     "select_checkpoint": 1,
     "summarize_selection": 1,
     "test_checkpoint": 1,
@@ -170,7 +170,7 @@ def test_the_slurm_profile_sizes_the_paper_gpu_jobs(tmp_path):
         by_rule[rule].append(resources)
     expected = {  # rule: (mem_mb, runtime in minutes), each with one GPU
         "train_grpo": ("128000", "480"),
-        "evaluate_checkpoint": ("64000", "60"),
+        "evaluate_checkpoints": ("64000", "240"),
         "test_checkpoint": ("64000", "120"),
         "generate_served_episodes": ("64000", "180"),
     }

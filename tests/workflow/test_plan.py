@@ -44,7 +44,11 @@ def test_the_paper_plan_prices_every_rule(tmp_path):
         figures = lines["train_grpo", run_name]
         assert (figures["episodes"], figures["decisions"]) == (96, 96 * 5 * 5)
         assert math.isclose(figures["gpu_hours"], trained / 3600)
-        assert lines["evaluate_checkpoint", run_name]["jobs"] == 17
+        # Validation: 17 checkpoints x 10 episodes in one job, paying one server start.
+        validation = lines["evaluate_checkpoints", run_name]
+        assert (validation["jobs"], validation["episodes"]) == (1, 170)
+        validated = 170 * 5 * 5 * plan["gpu_seconds_per_decision"] + plan["server_start_s"]
+        assert math.isclose(validation["gpu_hours"], validated / 3600)
         assert lines["test_checkpoint", f"{run_name}@last"]["episodes"] == 90
     # The grid's 900 test episodes, and only API models cost dollars.
     grid = ("generate_episodes", "generate_api_episodes", "generate_served_episodes",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import copy
-import re
 
 import polars as pl
 import pytest
 import yaml
 
+from coordgap.config import evaluated_steps
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, planned, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
@@ -25,8 +25,8 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         "write_model_manifest": 1,
         **ANALYSIS_JOBS,
         "train_grpo": 1,
-        # Checkpoints 0, 2 and 3 validated; last and best_val each tested at 3 sizes.
-        "evaluate_checkpoint": 3,
+        # Checkpoints 0, 2 and 3 validated in one job; last and best_val each tested at 3 sizes.
+        "evaluate_checkpoints": 1,
         "select_checkpoint": 2,
         "summarize_selection": 1,
         "test_checkpoint": 6,
@@ -42,7 +42,7 @@ def test_default_config_dry_run_plans_every_cell(tmp_path):
         (5, 2, ["best_train"], [3], 4, 1),  # 0, 2, 4 and the last, 5
     ],
 )
-def test_training_dry_run_plans_one_evaluation_per_checkpoint_and_the_tests(
+def test_training_dry_run_plans_one_validation_job_of_the_evaluated_checkpoints_and_the_tests(
     tmp_path, steps, every, policies, sizes, evaluations, tests
 ):
     config = tiny_training_config(tmp_path / "weights")
@@ -53,12 +53,12 @@ def test_training_dry_run_plans_one_evaluation_per_checkpoint_and_the_tests(
     result = run(project, "snakemake", "-n", "--cores", "1", "all")
     counts = planned(result.stdout)
     assert counts["train_grpo"] == 1
-    assert counts["evaluate_checkpoint"] == evaluations
+    assert counts["evaluate_checkpoints"] == 1
     assert counts["select_checkpoint"] == len(policies)
     assert counts["summarize_selection"] == 1
     assert counts["test_checkpoint"] == tests
-    validated = set(re.findall(r"results/eval/tiny-grpo/step_(\d{4})\.parquet", result.stdout))
-    assert len(validated) == evaluations
+    # The checkpoints the job plays (its params.steps).
+    assert len(evaluated_steps(config, "tiny-grpo")) == evaluations
 
 
 def test_lint_is_clean():
@@ -198,10 +198,10 @@ def _assert_refused(tmp_path, config: dict, named: str) -> None:
 @pytest.mark.parametrize(
     ("config_file", "runs", "evaluations", "tests"),
     [
-        # paper, shaped and curriculum; checkpoints 0, 2 and 4 of each; 2 policies x 3 sizes.
-        ("config/interventions.yaml", 3, 9, 18),
-        # The paper's 16 steps, every checkpoint validated.
-        ("config/paper_recipe.yaml", 1, 17, 6),
+        # paper, shaped and curriculum, one validation job each; 2 policies x 3 sizes.
+        ("config/interventions.yaml", 3, 3, 18),
+        # The paper's 16 steps, every checkpoint validated in one job.
+        ("config/paper_recipe.yaml", 1, 1, 6),
     ],
 )
 def test_the_intervention_and_recipe_configs_plan_their_runs(
@@ -211,5 +211,5 @@ def test_the_intervention_and_recipe_configs_plan_their_runs(
     result = run(project, "snakemake", "-n", "all", "--configfile", config_file)
     planned_jobs = planned(result.stdout)
     assert planned_jobs["train_grpo"] == runs
-    assert planned_jobs["evaluate_checkpoint"] == evaluations
+    assert planned_jobs["evaluate_checkpoints"] == evaluations
     assert planned_jobs["test_checkpoint"] == tests

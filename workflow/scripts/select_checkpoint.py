@@ -13,7 +13,7 @@ with job_log(snakemake.log[0], "select_checkpoint") as log:
         run=run,
         policies=[policy],
         rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
-        validation=[Path(path) for path in snakemake.input.validation],
+        validation=sorted(Path(snakemake.input.validation).glob("step_????.parquet")),
         intervals=snakemake.params.analysis,
     )["choices"][policy]
     write_json(chosen, Path(snakemake.output[0]))

@@ -12,7 +12,7 @@ with job_log(snakemake.log[0], "summarize_selection"):
             run=TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run),
             policies=snakemake.params.policies,
             rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
-            validation=[Path(path) for path in snakemake.input.validation],
+            validation=sorted(Path(snakemake.input.validation).glob("step_????.parquet")),
             intervals=snakemake.params.analysis,
         ),
         Path(snakemake.output[0]),

@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
-from coordgap.evaluation.checkpoints import chosen_step, play_checkpoint_job
+from coordgap.agents.runner import CellOutputs
+from coordgap.analysis.provenance import write_record
+from coordgap.evaluation.checkpoints import CheckpointJob, chosen_step
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "test_checkpoint") as log:
@@ -10,6 +12,15 @@ with job_log(snakemake.log[0], "test_checkpoint") as log:
     name = f"{wildcards.run}@{wildcards.policy}"
     step = chosen_step(Path(snakemake.input.choice))
     log.info("%s is checkpoint %d; N=%s", name, step, wildcards.size)
-    play_checkpoint_job(
-        snakemake, name=name, step=step, n=int(wildcards.size), episodes=snakemake.params.episodes
+    CheckpointJob.of(snakemake).play(
+        name,
+        step,
+        n=int(wildcards.size),
+        episodes=snakemake.params.episodes,
+        outputs=CellOutputs(
+            episodes=Path(snakemake.output.episodes),
+            steps=Path(snakemake.output.steps),
+            transcripts=Path(snakemake.output.transcripts),
+        ),
     )
+    write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

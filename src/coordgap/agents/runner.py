@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
 
 logger = logging.getLogger(__name__)
+# The file name endings of a cell's episodes, steps and transcripts tables.
+_TABLE_SUFFIXES = (".parquet", ".steps.parquet", ".transcripts.parquet")
 
 
 class CellErrors(RuntimeError):
@@ -87,6 +89,11 @@ class CellOutputs:
     episodes: Path
     steps: Path
     transcripts: Path
+
+    @classmethod
+    def at(cls, stem: Path) -> CellOutputs:
+        """The tables ``<stem>.parquet``, ``<stem>.steps.parquet`` and ``.transcripts.parquet``."""
+        return cls(*(stem.parent / f"{stem.name}{suffix}" for suffix in _TABLE_SUFFIXES))
 
     @property
     def journal(self) -> Path:
@@ -159,6 +166,7 @@ async def run_cell(
     max_in_flight: int,
     progress: bool = True,
     max_error_share: float = 0.0,
+    merge: bool = True,
 ) -> None:
     """Play the cell's missing episodes and write its tables.
 
@@ -170,6 +178,8 @@ async def run_cell(
         progress: Show a progress bar on stderr.
         max_error_share: The largest share of ``error`` episodes the cell may have and still
             be written.
+        merge: Write the tables; if False, the complete journal is left for the caller to
+            merge (``merge_journal``).
 
     Raises:
         CellErrors: More than ``max_error_share`` of the episodes ended in ``error``.
@@ -177,7 +187,9 @@ async def run_cell(
     done = _open_journal(cell, outputs)
     todo = [i for i in range(cell.episodes) if i not in done]
     logger.info("%s n=%d: %d journalled, %d to play", cell.model, cell.n, len(done), len(todo))
-    bar = _Progress(cell.episodes, len(done), f"{cell.model} n={cell.n}") if progress else None
+    checkpoint = "" if cell.checkpoint == "base" else f" {cell.checkpoint}"
+    label = f"{cell.model} n={cell.n}{checkpoint}"
+    bar = _Progress(cell.episodes, len(done), label) if progress else None
     gate = asyncio.Semaphore(max_in_flight)
     played = 0
 
@@ -217,7 +229,8 @@ async def run_cell(
         if bar is not None:
             bar.close()
     _check_errors(cell, outputs, max_error_share)
-    _merge_journal(cell, outputs)
+    if merge:
+        merge_journal(cell, outputs)
 
 
 def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> None:
@@ -247,12 +260,20 @@ def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> N
     raise CellErrors(f"{cell.model} n={cell.n}", len(failed), cell.episodes, max_error_share, kinds)
 
 
-def _merge_journal(cell: Cell, outputs: CellOutputs) -> None:
-    """Concatenate the journal's parts in episode order into the final tables."""
+def merge_journal(cell: Cell, outputs: CellOutputs, journal: CellOutputs | None = None) -> None:
+    """Concatenate a complete journal's parts, in episode order, into the final tables.
+
+    Args:
+        cell: The cell.
+        outputs: Where its tables go.
+        journal: The outputs whose journal holds the parts, if not ``outputs``' own; it is
+            removed once the tables are written.
+    """
+    folder = (journal or outputs).journal
     for table in TABLE_SCHEMAS:
-        parts = [_journal_part(outputs.journal, i, table) for i in range(cell.episodes)]
+        parts = [_journal_part(folder, i, table) for i in range(cell.episodes)]
         write_parquet_atomic(pl.concat([pl.read_parquet(p) for p in parts]), outputs.path(table))
-    shutil.rmtree(outputs.journal)
+    shutil.rmtree(folder)
 
 
 def generate_cell(
@@ -269,7 +290,9 @@ def generate_cell(
     progress: bool = True,
     serve_host: str = "loopback",
     max_error_share: float = 0.0,
-) -> None:
+    played_as: ModelSpec | None = None,
+    merge: bool = True,
+) -> Cell:
     """Play one model x N cell (resuming a killed run) and write its three tables.
 
     SIGTERM and SIGINT stop the cell as ``coordgap.preemption.run`` describes.
@@ -290,6 +313,13 @@ def generate_cell(
         serve_host: Where a served model's server listens (``loopback`` or ``node``).
         max_error_share: The largest share of ``error`` episodes the cell may have
             (``experiment.max_error_share``).
+        played_as: ``model`` as a server the caller started already serves it
+            (``coordgap.policies.serving.serve_models``); None: ``model`` itself, its own
+            server started here if it has one. The cell's identity is ``model``'s either way.
+        merge: Write the tables; if False, leave the complete journal (see ``run_cell``).
+
+    Returns:
+        The cell played.
 
     Raises:
         Preempted: A signal stopped the cell; finished episodes are journalled.
@@ -301,8 +331,9 @@ def generate_cell(
     cell = Cell(
         model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
     )
-    opened = open_policy_factory(model, env, templates, weights, serve_host)
+    opened = open_policy_factory(played_as or model, env, templates, weights, serve_host)
     with opened as (make_policy, max_in_flight):
         preemption.run(
-            run_cell(cell, outputs, make_policy, max_in_flight, progress, max_error_share)
+            run_cell(cell, outputs, make_policy, max_in_flight, progress, max_error_share, merge)
         )
+    return cell

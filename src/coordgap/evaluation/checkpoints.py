@@ -2,21 +2,24 @@
 
 A checkpoint plays through ``coordgap.agents.runner.generate_cell``, so its episodes are
 resumable and journalled, and written in the episode-table contract with ``checkpoint`` set
-to its step. Validation episodes play the validation scenarios at the run's final training N;
-a selected checkpoint plays the test scenarios at every N, as model ``<run>@<policy>``.
+to its step. Validation episodes play the validation scenarios at the run's final training N,
+every evaluated checkpoint of a run in one job (one table, one server for a served base
+model); a selected checkpoint plays the test scenarios at every N, as model
+``<run>@<policy>``.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.agents.runner import CellOutputs, generate_cell
-from coordgap.analysis.provenance import write_record
-from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share
+from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
+from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share, is_served
 from coordgap.data import TABLE_SCHEMAS
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
@@ -26,6 +29,7 @@ from coordgap.evaluation.selection import (
     step_rewards,
     summary,
 )
+from coordgap.policies.serving import serve_models
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -43,91 +47,131 @@ def checkpoint_model(name: str, base: dict[str, Any], checkpoints: Path, step: i
     return ModelSpec.from_dict(name, {**base, "adapter": str(checkpoints / step_label(step))})
 
 
-def play_checkpoint(
-    name: str,
-    base: dict[str, Any],
-    checkpoints: Path,
-    step: int,
-    n: int,
-    env: EnvironmentConfig,
-    episodes: int,
-    base_seed: int,
-    first_scenario: int,
-    weights: Path,
-    templates: PromptTemplates,
-    outputs: CellOutputs,
-    serve_host: str = "loopback",
-    max_error_share: float = 0.0,
-) -> None:
-    """Play one cell with a checkpoint (resuming a killed job) and write its three tables.
+@dataclass(frozen=True)
+class CheckpointJob:
+    """What the checkpoint jobs of a run play with: rules evaluate_checkpoints, test_checkpoint.
 
-    Args:
-        name: The model name the episodes carry: the run (validation) or ``<run>@<policy>``.
+    The two rules declare the same inputs, params and resources (rules/evaluate.smk); they
+    differ in the model name, the checkpoints, N and the episode count, which their adapters
+    work out.
+
+    Attributes:
         base: The run's base model's ``models:`` entry.
         checkpoints: The run's checkpoints folder.
-        step: The checkpoint.
-        n: Number of philosophers.
         env: The table rules.
-        episodes: Episodes to play.
         base_seed: The config's seed.
         first_scenario: Episode ``k`` plays scenario ``first_scenario + k``.
         weights: The base model's prepared weights.
         templates: Prompt templates.
-        outputs: Where the tables go.
         serve_host: Where a served base model's server listens (``loopback`` or ``node``).
-        max_error_share: The largest share of ``error`` episodes the cell may have.
+        max_error_share: The largest share of ``error`` episodes a cell may have.
     """
-    generate_cell(
-        model=checkpoint_model(name, base, checkpoints, step),
-        n=n,
-        env=env,
-        episodes=episodes,
-        base_seed=base_seed,
-        first_scenario=first_scenario,
-        outputs=outputs,
-        templates=templates,
-        weights=weights,
-        checkpoint=step_label(step),
-        serve_host=serve_host,
-        max_error_share=max_error_share,
-    )
 
+    base: dict[str, Any]
+    checkpoints: Path
+    env: EnvironmentConfig
+    base_seed: int
+    first_scenario: int
+    weights: Path
+    templates: PromptTemplates
+    serve_host: str = "loopback"
+    max_error_share: float = 0.0
 
-def play_checkpoint_job(job: Any, name: str, step: int, n: int, episodes: int) -> None:
-    """Play a checkpoint's cell as a job of rule evaluate_checkpoint or test_checkpoint.
+    @classmethod
+    def of(cls, job: Any) -> CheckpointJob:
+        """The settings of a job, from the ``snakemake`` object of its script."""
+        return cls(
+            base=job.params.base,
+            checkpoints=Path(job.input.checkpoints),
+            env=EnvironmentConfig.from_dict(job.params.environment),
+            base_seed=job.params.seed,
+            first_scenario=job.params.first_scenario,
+            weights=Path(job.input.weights),
+            templates=PromptTemplates.load(job.input.prompts),
+            serve_host=job.resources.serve_host,
+            max_error_share=accepted_error_share(job.config),
+        )
 
-    The two rules declare the same inputs, params, outputs and resources (rules/evaluate.smk);
-    they differ in the model name, the checkpoint, N and the episode count, which the adapter
-    works out. The job's provenance record is written last, beside the episodes.
+    def play(
+        self,
+        name: str,
+        step: int,
+        n: int,
+        episodes: int,
+        outputs: CellOutputs,
+        played_as: ModelSpec | None = None,
+        merge: bool = True,
+    ) -> Cell:
+        """Play one cell with a checkpoint (resuming a killed job) and write its three tables.
 
-    Args:
-        job: The ``snakemake`` object of the job's script.
-        name: The model name the episodes carry.
-        step: The checkpoint.
-        n: Number of philosophers.
-        episodes: Episodes to play.
-    """
-    play_checkpoint(
-        name=name,
-        base=job.params.base,
-        checkpoints=Path(job.input.checkpoints),
-        step=step,
-        n=n,
-        env=EnvironmentConfig.from_dict(job.params.environment),
-        episodes=episodes,
-        base_seed=job.params.seed,
-        first_scenario=job.params.first_scenario,
-        weights=Path(job.input.weights),
-        templates=PromptTemplates.load(job.input.prompts),
-        outputs=CellOutputs(
-            episodes=Path(job.output.episodes),
-            steps=Path(job.output.steps),
-            transcripts=Path(job.output.transcripts),
-        ),
-        serve_host=job.resources.serve_host,
-        max_error_share=accepted_error_share(job.config),
-    )
-    write_record(job.output.provenance, job.params.provenance, root=Path.cwd())
+        Args:
+            name: The model name the episodes carry: the run (validation) or ``<run>@<policy>``.
+            step: The checkpoint.
+            n: Number of philosophers.
+            episodes: Episodes to play.
+            outputs: Where the tables go.
+            played_as: The checkpoint on a server the caller started (``validate``).
+            merge: Write the tables; if False, leave the complete journal.
+
+        Returns:
+            The cell played.
+        """
+        return generate_cell(
+            model=checkpoint_model(name, self.base, self.checkpoints, step),
+            n=n,
+            env=self.env,
+            episodes=episodes,
+            base_seed=self.base_seed,
+            first_scenario=self.first_scenario,
+            outputs=outputs,
+            templates=self.templates,
+            weights=self.weights,
+            checkpoint=step_label(step),
+            serve_host=self.serve_host,
+            max_error_share=self.max_error_share,
+            played_as=played_as,
+            merge=merge,
+        )
+
+    def validate(
+        self, name: str, steps: Sequence[int], n: int, episodes: int, folder: Path
+    ) -> None:
+        """Play every evaluated checkpoint's validation cell; write each one's tables in ``folder``.
+
+        A served base model starts one server for the whole job, every checkpoint a LoRA
+        module of it (``coordgap.policies.serving.serve_models``): the server's start, minutes
+        for a large model, is paid once per run instead of once per checkpoint. An in-process
+        base model loads each checkpoint's adapter in turn.
+
+        Each checkpoint's cell journals into ``<folder>.partial/`` (outside the job's output,
+        which Snakemake clears before a rerun), so a killed job resumes where it stopped, the
+        finished checkpoints kept; the tables, ``step_<kkkk>.parquet`` and its steps and
+        transcripts, are written once every cell is complete.
+
+        Args:
+            name: The run: the model name the episodes carry.
+            steps: The evaluated checkpoints.
+            n: Number of philosophers.
+            episodes: Episodes per checkpoint.
+            folder: Where the tables go.
+        """
+        journal = folder.with_name(f"{folder.name}.partial")
+        models = [checkpoint_model(name, self.base, self.checkpoints, step) for step in steps]
+        played = []
+        with ExitStack() as stack:
+            served = (
+                stack.enter_context(serve_models(models, self.weights, self.serve_host))
+                if is_served(self.base)
+                else [None] * len(steps)
+            )
+            for step, server_side in zip(steps, served, strict=True):
+                part = CellOutputs.at(journal / step_label(step))
+                cell = self.play(name, step, n, episodes, part, server_side, merge=False)
+                played.append((cell, part))
+        folder.mkdir(parents=True, exist_ok=True)
+        for cell, part in played:
+            merge_journal(cell, CellOutputs.at(folder / cell.checkpoint), journal=part)
+        journal.rmdir()
 
 
 def chosen_step(choice_json: Path) -> int:

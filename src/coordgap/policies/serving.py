@@ -11,10 +11,11 @@ server command, so nothing here is specific to one server. The server:
   backend through ``SERVED_KEY_ENV``; it is never on a command line (``ps`` shows those), and
   it is struck out of every line of server output before that line reaches the job's log or
   an error message;
-- runs with the model hub offline (``HF_HUB_OFFLINE=1``): its weights were prepared at a
-  pinned commit before any GPU job (``coordgap.models.prepare``), so a server that would still
-  fetch something from the hub fails at once instead of spending GPU time on an unpinned
-  download;
+- keeps its caches (vLLM's, Triton's, the hub's) under the site file's scratch folder, as a
+  training job does (``coordgap.site.cache_variables``), and runs with the model hub offline
+  (``HF_HUB_OFFLINE=1``): its weights were prepared at a pinned commit before any GPU job
+  (``coordgap.models.prepare``), so a server that would still fetch something from the hub
+  fails at once instead of spending GPU time on an unpinned download;
 - is ready when its health path answers 200 to a request carrying the key. A server that
   exits first, or is not ready within ``start_timeout_s``, stops the job with a
   ``ServerStartError`` holding the last lines of the server's output;
@@ -35,6 +36,7 @@ import os
 import secrets
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordgap.config import ModelSpec
+from coordgap.site import cache_variables, load_site
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -119,6 +122,7 @@ def launch(
     start_timeout_s: float,
     host: str = "127.0.0.1",
     fields: Mapping[str, str] | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> Iterator[Endpoint]:
     """Start a server command, wait until it is healthy, yield its endpoint, stop it.
 
@@ -130,6 +134,7 @@ def launch(
         start_timeout_s: How long the server may take to become healthy.
         host: The address to listen on.
         fields: Values of the template's other placeholders.
+        environment: Variables the server runs with beside this process's (cache folders).
 
     Yields:
         The endpoint. While the block runs, ``SERVED_KEY_ENV`` holds the key in this process.
@@ -142,7 +147,7 @@ def launch(
     argv = [arg.format(**(fields or {}), host=host, port=port) for arg in command]
     key = secrets.token_urlsafe(32)
     # The key by environment, never by argument: command lines are visible to every user.
-    server_env = {**os.environ, "HF_HUB_OFFLINE": "1", key_env: key}
+    server_env = {**os.environ, **(environment or {}), "HF_HUB_OFFLINE": "1", key_env: key}
     server_env.pop(SERVED_KEY_ENV, None)
     process = subprocess.Popen(
         argv,
@@ -172,14 +177,10 @@ def launch(
 
 @contextmanager
 def serve_model(model: ModelSpec, weights: Path | None, serve_host: str) -> Iterator[ModelSpec]:
-    """Start a served model's server; yield the model pointed at it.
-
-    A checkpoint (an entry whose ``adapter`` is set, see
-    ``coordgap.evaluation.checkpoints.checkpoint_model``) is served as a LoRA module on its
-    base model, with ``serve.lora`` appended to the command, and asked for by the module's name.
+    """Start a served model's server; yield the model pointed at it (see ``serve_models``).
 
     Args:
-        model: An ``openai`` model with a ``serve`` block.
+        model: An ``openai`` model with a ``serve`` block, or a checkpoint of one.
         weights: Its prepared weights folder (``serve.source``), or None.
         serve_host: ``loopback`` or ``node`` (see ``listen_address``).
 
@@ -189,18 +190,52 @@ def serve_model(model: ModelSpec, weights: Path | None, serve_host: str) -> Iter
     Raises:
         ServerStartError: The server did not start.
     """
-    serve = model.entry["serve"]
-    entry: dict[str, Any] = dict(model.entry)
-    fields = {"model": entry["model"], "weights": str(weights.resolve()) if weights else ""}
+    with serve_models([model], weights, serve_host) as (served,):
+        yield served
+
+
+@contextmanager
+def serve_models(
+    models: Sequence[ModelSpec], weights: Path | None, serve_host: str
+) -> Iterator[list[ModelSpec]]:
+    """Start one server for models that share a base model; yield them pointed at it.
+
+    The models are the base model itself, or checkpoints of it (entries whose ``adapter`` is
+    set, see ``coordgap.evaluation.checkpoints.checkpoint_model``). Checkpoints are served as
+    LoRA modules of the one base model, with ``serve.lora`` appended to the command (see
+    ``lora_arguments``), and each is asked for by its module's name: a run's validation plays
+    all its checkpoints through one server, paying the server's start once.
+
+    Args:
+        models: The first model's ``serve`` block starts the server; all have the same one.
+        weights: The base model's prepared weights folder (``serve.source``), or None.
+        serve_host: ``loopback`` or ``node`` (see ``listen_address``).
+
+    Yields:
+        The models, in order, with ``base_url``, ``api_key_env`` and ``model`` set to their
+        server's and ``serve`` cleared (their server runs: nothing is left to start).
+
+    Raises:
+        ServerStartError: The server did not start.
+        ValueError: A checkpoint's base model has no ``serve.lora``, or the models do not
+            share one server.
+    """
+    first = models[0]
+    serve = first.entry["serve"]
+    if any(model.entry["serve"] != serve for model in models):
+        raise ValueError(f"models {[m.name for m in models]} do not share one server")
+    entries = [dict(model.entry) for model in models]
+    adapters = [entry.get("adapter") for entry in entries]  # set on checkpoints only
     command = list(serve["command"])
-    adapter = entry.get("adapter")  # set on checkpoints only: config entries have none
-    if adapter is not None:
+    if any(adapter is not None for adapter in adapters):
         if serve["lora"] is None:
-            raise ValueError(f"model '{model.name}': a checkpoint needs serve.lora to be served")
-        name = Path(adapter).name
-        path = str(Path(adapter).resolve())
-        command += [arg.format(adapter=path, adapter_name=name) for arg in serve["lora"]]
-        entry["model"] = name
+            raise ValueError(f"model '{first.name}': a checkpoint needs serve.lora to be served")
+        if None in adapters:
+            raise ValueError("a server serves either its base model or checkpoints, not both")
+        command += lora_arguments(serve["lora"], [Path(adapter) for adapter in adapters])
+        for entry, adapter in zip(entries, adapters, strict=True):
+            entry["model"] = Path(adapter).name
+    fields = {"model": first.entry["model"], "weights": str(weights.resolve()) if weights else ""}
     with launch(
         command,
         key_env=serve["key_env"],
@@ -208,9 +243,39 @@ def serve_model(model: ModelSpec, weights: Path | None, serve_host: str) -> Iter
         start_timeout_s=serve["start_timeout_s"],
         host=listen_address(serve_host),
         fields=fields,
+        # vLLM's, Triton's and the hub's caches under the site's scratch folder, as ART's.
+        environment=cache_variables(load_site().scratch),
     ) as endpoint:
-        entry |= {"base_url": endpoint.base_url, "api_key_env": endpoint.key_env}
-        yield ModelSpec.from_dict(model.name, entry)
+        running = {"base_url": endpoint.base_url, "api_key_env": endpoint.key_env, "serve": None}
+        yield [
+            ModelSpec.from_dict(model.name, entry | running)
+            for model, entry in zip(models, entries, strict=True)
+        ]
+
+
+def lora_arguments(template: Sequence[str], adapters: Sequence[Path]) -> list[str]:
+    """``serve.lora`` filled in for adapters: each item with a placeholder once per adapter.
+
+    Items without a placeholder (``--enable-lora``, ``--lora-modules``) appear once; an item
+    with ``{adapter_name}`` (the folder's name, which the model is asked for as) or
+    ``{adapter}`` (its resolved path) is repeated in place for every adapter, so vLLM's
+    ``--lora-modules "{adapter_name}={adapter}"`` becomes ``--lora-modules a=... b=...``.
+
+    Args:
+        template: The ``serve.lora`` items.
+        adapters: The adapter folders, in order.
+
+    Returns:
+        The arguments.
+    """
+    arguments = []
+    for item in template:
+        fields = {field for _, field, _, _ in string.Formatter().parse(item) if field}
+        arguments += [
+            item.format(adapter=str(adapter.resolve()), adapter_name=adapter.name)
+            for adapter in (adapters if fields else adapters[:1])
+        ]
+    return arguments
 
 
 def stop(process: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:

@@ -28,31 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from coordgap.site import cache_variables
+
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
 
 # ART is imported inside the functions, so that a process can set the environment here before
 # anything imports it (the model hub's client, which ART loads, reads its variables on import).
 
-# Each cache's variable and its folder under the scratch folder. XDG_CACHE_HOME is the scratch
-# folder itself, so that the tools that follow it and have no variable here land there too;
-# the others here ignore it (ART, Triton, torch inductor, FlashInfer, Unsloth).
-CACHE_FOLDERS = {
-    "XDG_CACHE_HOME": ".",
-    "ART_VLLM_RUNTIME_CACHE_DIR": "art/vllm_runtime",
-    "UV_CACHE_DIR": "uv",
-    # Not inside uv's cache: the runtime's venv links to this Python, and `uv cache clean`
-    # would delete it.
-    "UV_PYTHON_INSTALL_DIR": "uv-python",
-    "HF_HOME": "huggingface",
-    "VLLM_CACHE_ROOT": "vllm",
-    "TRITON_CACHE_DIR": "triton",
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-    # FlashInfer keeps its JIT-compiled kernels in <this>/.cache/flashinfer.
-    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
-    # Unsloth writes its compiled modules to ./unsloth_compiled_cache unless told otherwise.
-    "UNSLOTH_COMPILE_LOCATION": "unsloth_compiled_cache",
-}
 WANDB_KEY = "WANDB_API_KEY"
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 # The first Linux driver of each CUDA release (NVIDIA's CUDA Toolkit release notes, "CUDA
@@ -83,14 +66,11 @@ def job_environment(scratch: Path | None, *, wandb: bool) -> dict[str, str]:
         wandb: Whether ART may start W&B (``Site.wandb``).
 
     Returns:
-        Variable -> value: the cache folders (``CACHE_FOLDERS``), ``HF_HUB_OFFLINE=1`` and,
+        Variable -> value: the cache folders (``coordgap.site.cache_variables``),
+        ``HF_HUB_OFFLINE=1`` and,
         unless W&B is allowed, ``WANDB_MODE=disabled``.
     """
-    variables = (
-        {}
-        if scratch is None
-        else {name: str(scratch / folder) for name, folder in CACHE_FOLDERS.items()}
-    )
+    variables = cache_variables(scratch)
     # The weights are prepared beforehand; a hub request from a node without network access
     # would only stall.
     variables["HF_HUB_OFFLINE"] = "1"
