@@ -4,7 +4,7 @@
 #   snakemake --workflow-profile profiles/slurm all  # GPU jobs on a SLURM cluster
 #   snakemake -n --configfile config/paper.yaml      # the paper's study instead of the default
 #
-# Rules wire, src/coordgap computes, workflow/scripts adapt (DESIGN.md §1, §8).
+# Rules wire, src/coordgap computes, workflow/scripts adapt (README.md: Layout).
 
 from snakemake.utils import min_version
 

@@ -40,7 +40,7 @@ class ScriptedPolicy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class EnvironmentConfig:
-    """The rules of the table (DESIGN.md §2)."""
+    """The rules of the table (``coordgap.env.table``)."""
 
     protocol: Protocol
     turn_order: TurnOrder
@@ -63,7 +63,7 @@ class EnvironmentConfig:
 
 
 class ModelKind(StrEnum):
-    """How a model decides (DESIGN.md §4)."""
+    """How a model decides (README.md: Language models)."""
 
     SCRIPTED = "scripted"
     OPENAI = "openai"
@@ -365,7 +365,7 @@ def weights_source(entry: dict[str, Any]) -> str | None:
 
 
 class Trainer(StrEnum):
-    """What runs a GRPO update (DESIGN.md §6)."""
+    """What runs a GRPO update (README.md: GRPO training)."""
 
     TORCH = "torch"
     ART = "art"
@@ -554,7 +554,7 @@ def _check_timeline(config: dict[str, Any]) -> None:
 def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """The models that are selected checkpoints, ``<run>@<policy>``, with their run and policy.
 
-    Each plays the test grid like any model (DESIGN.md §7).
+    Each plays the test grid like any model (README.md: Checkpoint discipline).
 
     Args:
         config: The schema-valid config.

@@ -1,4 +1,4 @@
-"""Data contracts (DESIGN.md §5): table schemas, seeds and generators, atomic parquet writes."""
+"""Data contracts: table schemas, seeds and generators, atomic parquet writes."""
 
 from __future__ import annotations
 

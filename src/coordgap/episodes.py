@@ -1,7 +1,7 @@
 """Episode bookkeeping, and the plain reference loop that plays one episode.
 
 ``EpisodeRecorder`` is the one place that turns decisions and their results into the episode
-row, step rows and transcripts of DESIGN.md §5; both the LangGraph agents
+row, step rows and transcripts of ``coordgap.data``; both the LangGraph agents
 (``coordgap.agents``) and ``play_episode`` use it. ``play_episode`` is the dependency-free
 reference: the graphs must reproduce it exactly for scripted policies, and the property tests,
 the 1,000-episode sweeps and the environment benchmark use it for speed.
@@ -41,7 +41,7 @@ class EpisodeLog:
     def tables(
         self, *, model: str, checkpoint: str, n: int, episode: int, seeds: EpisodeSeeds
     ) -> dict[str, list[dict[str, Any]]]:
-        """The episode's rows of the three tables of DESIGN.md §5, identity columns added.
+        """The episode's rows of the three tables of ``coordgap.data``, identity columns added.
 
         Args:
             model: The model's name.

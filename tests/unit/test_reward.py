@@ -1,4 +1,4 @@
-"""Reward components and variants (DESIGN.md §3) on hand-computed episodes."""
+"""Reward components and variants (``coordgap.env.reward``) on hand-computed episodes."""
 
 from __future__ import annotations
 

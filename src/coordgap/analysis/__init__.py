@@ -1,4 +1,4 @@
-"""Statistics, monitors, figures and the report, computed from episode tables (DESIGN.md §7).
+"""Statistics, monitors, figures and the report, computed from episode tables.
 
 ``stats`` summarises each model x N cell under every reward variant; ``comparisons`` tests
 pairs of models and tabulates power; ``monitors`` flags degenerate policies; ``intervals``

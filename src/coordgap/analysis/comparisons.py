@@ -195,7 +195,7 @@ def compare(episodes: pl.DataFrame, config: ComparisonConfig) -> pl.DataFrame:
     """Compare each family's model pairs at every N at which both models played.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5).
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``).
         config: The comparisons' configuration.
 
     Returns:

@@ -2,7 +2,7 @@
 
 A policy can score well on the paper reward by not playing, and an API model can look as if
 it did when its replies are cut off. Five monitors look for that, each on the ``ok`` episodes of
-a cell (DESIGN.md §3 for the reward):
+a cell (``coordgap.env.reward`` for the reward):
 
 * ``degenerate``: the share of episodes without a meal that still score at least
   ``degenerate_reward`` under the paper reward (its maximum, 1.0, needs no action at all);
@@ -54,7 +54,7 @@ def monitor(episodes: pl.DataFrame, config: MonitorConfig) -> pl.DataFrame:
     """Compute every monitor's share and flag for every model x N cell.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5).
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``).
         config: The monitors' thresholds and the reward weights.
 
     Returns:

@@ -7,7 +7,7 @@ with :mod:`coordgap.env.reward`, one column ``reward_<variant>`` per configured 
 every table that involves a reward has it under every variant: the paper reward's degenerate
 maximum stays visible beside the shaped one.
 
-Tables (DESIGN.md §7), all polars, written as CSV by :func:`write_stats`:
+Tables, all polars, written as CSV by :func:`write_stats`:
 
 * ``summary``: per cell, each variant's mean reward with its bootstrap CI and SD; deadlock and
   zero-meal rates with Wilson CIs; meals, throughput, fairness, idle, failed and no-call rates;
@@ -163,7 +163,7 @@ def load_episodes(paths: Sequence[str | Path]) -> pl.DataFrame:
     """Read and concatenate episode tables.
 
     Args:
-        paths: Parquet episode tables (DESIGN.md §5), one per model x N.
+        paths: Parquet episode tables (``coordgap.data``), one per model x N.
 
     Returns:
         All their rows, in the order given.
@@ -227,7 +227,7 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
     """Summarise every model x N cell: rewards with intervals, deadlocks, meals, rates, costs.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5), any number of models and sizes.
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``), any number of models and sizes.
         config: The analysis configuration.
 
     Returns:
@@ -285,7 +285,7 @@ def component_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFr
     """Split each cell's mean reward into its four signed, weighted terms, under every variant.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5).
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``).
         config: The analysis configuration.
 
     Returns:
@@ -331,7 +331,7 @@ def seat_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
     """Tabulate meals by seat: the audit of tie-breaks and seat-dependent policies.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5).
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``).
         config: The analysis configuration (interval level, bootstrap).
 
     Returns:
@@ -368,7 +368,7 @@ def episode_rewards(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFr
     """List every ``ok`` episode's deadlock, meals and reward under every variant.
 
     Args:
-        episodes: Episode rows (DESIGN.md §5).
+        episodes: Episode rows (``coordgap.data.EPISODE_SCHEMA``).
         config: The analysis configuration.
 
     Returns:

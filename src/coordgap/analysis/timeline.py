@@ -1,6 +1,6 @@
 """One episode, seat by seat and round by round: its decisions, forks, meals and deadlock.
 
-The steps table (DESIGN.md §5) records each decision and its outcome but not the forks each
+The steps table (``coordgap.data``) records each decision and its outcome but not the forks each
 seat held. They are recovered by replaying the recorded decisions on a fresh
 :class:`~coordgap.env.table.Table` with the episode's own table generator (from its seed), so
 contested forks and sequential turn orders come out as they did; every replayed outcome is

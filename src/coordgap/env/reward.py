@@ -106,7 +106,7 @@ def component_exprs(variant: RewardVariant) -> dict[str, pl.Expr]:
     """Polars expressions for a variant's four components, each in [0, 1], before weighting.
 
     The table needs the columns ``r_nd``, ``r_thru``, ``r_fair``, ``r_idle``, ``meals_total``,
-    ``actions``, ``think`` and ``no_call`` (the episode contract of DESIGN.md §5).
+    ``actions``, ``think`` and ``no_call`` (the episode contract of ``coordgap.data``).
 
     Args:
         variant: Which reward's components.

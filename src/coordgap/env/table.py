@@ -2,7 +2,7 @@
 
 N philosophers sit on a ring with N forks; philosopher ``i``'s left fork is ``i`` and its right
 fork is ``(i + 1) % N``. A round is one decision per philosopher, resolved either all at once
-(``simultaneous``) or one after another (``sequential``). See DESIGN.md §2 for the contract.
+(``simultaneous``) or one after another (``sequential``).
 
 Two protocols share this state:
 

@@ -1,4 +1,4 @@
-"""Checkpoint selection: which step of a run each policy keeps, and why (DESIGN.md §7).
+"""Checkpoint selection: which step of a run each policy keeps, and why.
 
 Every estimate is the mean episode reward under the run's trained variant and weights, with a
 percentile bootstrap interval (the same estimator as the statistics). A step's training

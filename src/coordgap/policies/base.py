@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class NoCallReason(StrEnum):
-    """Why a decision produced no parseable tool call (DESIGN.md §2)."""
+    """Why a decision produced no parseable tool call (``coordgap.env.table``)."""
 
     EMPTY = "empty"
     NO_CALL = "no_call"
