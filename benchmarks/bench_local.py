@@ -52,7 +52,7 @@ from common import (
 )
 
 from coordgap.agents.runner import Cell, CellOutputs, run_cell
-from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.env.observation import PromptTemplates
 from coordgap.models.prepare import prepare_model
 from coordgap.policies.base import BatchSlot

@@ -44,7 +44,7 @@ from common import (
     write_results,
 )
 
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.episodes import transcript_row
 from coordgap.models.prepare import prepare_model
 from coordgap.training._art import art

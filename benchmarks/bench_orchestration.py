@@ -23,7 +23,7 @@ import polars as pl
 
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.agents.runner import Cell, CellOutputs, run_cell
-from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.data import EpisodeSeeds
 from coordgap.episodes import play_episode
 from coordgap.policies.adapters import ScriptedAgentPolicy

@@ -56,7 +56,8 @@ from common import (
     write_results,
 )
 
-from coordgap.config import EnvironmentConfig, TrainingRunConfig
+from coordgap.config.play import EnvironmentConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import Tool
 from coordgap.episodes import transcript_row

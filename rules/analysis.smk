@@ -1,12 +1,11 @@
-# Statistics, monitors, figures and the report. Each rule lists exactly the src/ modules whose
-# code decides its output, and takes exactly the config it reads, so that a job reruns when, and
-# only when, something it depends on changes.
+# Statistics, monitors, figures and the report. Each rule's code param digests exactly the
+# src/ modules its adapter imports (code_of), and its other params hold exactly the config it
+# reads, so that a job reruns when, and only when, something it depends on changes.
 
 
 rule compute_stats:
     input:
         episodes=analysis_tables(),
-        code=src_files(*STATS_CODE, "config.py"),
     output:
         summary=report(
             "results/stats/summary.csv",
@@ -34,6 +33,7 @@ rule compute_stats:
         ),
         metrics="results/metrics.json",
     params:
+        code=code_of("compute_stats"),
         reward=lookup(dpath="reward", within=config),
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
     log:
@@ -52,7 +52,6 @@ rule compute_stats:
 rule compare_models:
     input:
         episodes=analysis_tables(),
-        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
     output:
         report(
             "results/stats/comparisons.csv",
@@ -61,6 +60,7 @@ rule compare_models:
             labels={"table": "comparisons"},
         ),
     params:
+        code=code_of("compare_models"),
         reward=lookup(dpath="reward", within=config),
         analysis=analysis_settings(
             "confidence", "bootstrap_resamples", "seed", "comparisons", "power"
@@ -83,7 +83,6 @@ rule compute_power:
     input:
         summary="results/stats/summary.csv",
         paper_reference="config/paper_reference.yaml",
-        code=src_files(*STATS_CODE, "analysis/comparisons.py", "config.py"),
     output:
         report(
             "results/stats/power.csv",
@@ -92,6 +91,7 @@ rule compute_power:
             labels={"table": "power"},
         ),
     params:
+        code=code_of("compute_power"),
         power=lookup(dpath="analysis/power", within=config),
     log:
         "logs/compute_power/compute_power.log",
@@ -106,7 +106,6 @@ rule compute_power:
 rule compute_monitors:
     input:
         episodes=analysis_tables(),
-        code=src_files(*STATS_CODE, "analysis/monitors.py", "config.py"),
     output:
         report(
             "results/stats/monitors.csv",
@@ -115,6 +114,7 @@ rule compute_monitors:
             labels={"table": "monitors"},
         ),
     params:
+        code=code_of("compute_monitors"),
         reward=lookup(dpath="reward", within=config),
         monitors=lookup(dpath="analysis/monitors", within=config),
     log:
@@ -133,7 +133,6 @@ rule compute_monitors:
 rule plot_reward:
     input:
         summary="results/stats/summary.csv",
-        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/reward_{variant}.png",
@@ -143,6 +142,8 @@ rule plot_reward:
         ),
         pdf="results/figures/reward_{variant}.pdf",
         csv="results/figures/reward_{variant}.csv",
+    params:
+        code=code_of("plot_reward"),
     log:
         "logs/plot_reward/{variant}.log",
     benchmark:
@@ -156,7 +157,6 @@ rule plot_reward:
 rule plot_deadlock:
     input:
         summary="results/stats/summary.csv",
-        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/deadlock.png",
@@ -166,6 +166,8 @@ rule plot_deadlock:
         ),
         pdf="results/figures/deadlock.pdf",
         csv="results/figures/deadlock.csv",
+    params:
+        code=code_of("plot_deadlock"),
     log:
         "logs/plot_deadlock/plot_deadlock.log",
     benchmark:
@@ -179,7 +181,6 @@ rule plot_deadlock:
 rule plot_reward_vs_meals:
     input:
         episode_rewards="results/stats/episode_rewards.csv",
-        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/reward_vs_meals_{variant}.png",
@@ -189,6 +190,8 @@ rule plot_reward_vs_meals:
         ),
         pdf="results/figures/reward_vs_meals_{variant}.pdf",
         csv="results/figures/reward_vs_meals_{variant}.csv",
+    params:
+        code=code_of("plot_reward_vs_meals"),
     log:
         "logs/plot_reward_vs_meals/{variant}.log",
     benchmark:
@@ -202,7 +205,6 @@ rule plot_reward_vs_meals:
 rule plot_components:
     input:
         components="results/stats/components.csv",
-        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/components_{variant}.png",
@@ -212,6 +214,8 @@ rule plot_components:
         ),
         pdf="results/figures/components_{variant}.pdf",
         csv="results/figures/components_{variant}.csv",
+    params:
+        code=code_of("plot_components"),
     log:
         "logs/plot_components/{variant}.log",
     benchmark:
@@ -225,7 +229,6 @@ rule plot_components:
 rule plot_meals_by_seat:
     input:
         seats="results/stats/seats.csv",
-        code=src_files(*FIGURE_CODE),
     output:
         png=report(
             "results/figures/meals_by_seat.png",
@@ -235,6 +238,8 @@ rule plot_meals_by_seat:
         ),
         pdf="results/figures/meals_by_seat.pdf",
         csv="results/figures/meals_by_seat.csv",
+    params:
+        code=code_of("plot_meals_by_seat"),
     log:
         "logs/plot_meals_by_seat/plot_meals_by_seat.log",
     benchmark:
@@ -248,7 +253,6 @@ rule plot_meals_by_seat:
 rule plot_timeline:
     input:
         unpack(timeline_tables),
-        code=src_files(*TIMELINE_CODE),
     output:
         png=report(
             "results/figures/timeline.png",
@@ -259,6 +263,7 @@ rule plot_timeline:
         pdf="results/figures/timeline.pdf",
         csv="results/figures/timeline.csv",
     params:
+        code=code_of("plot_timeline"),
         episode=lookup(dpath="analysis/timeline/episode", within=config),
     log:
         "logs/plot_timeline/plot_timeline.log",
@@ -287,7 +292,6 @@ rule write_report:
         training_figures=expand("results/figures/training_{run}.png", run=RUNS),
         records=provenance_records(),
         paper_reference="config/paper_reference.yaml",
-        code=src_files("analysis", "env/reward.py", "config.py"),
     output:
         report(
             "results/report.md",
@@ -296,6 +300,7 @@ rule write_report:
             labels={"file": "report.md"},
         ),
     params:
+        code=code_of("write_report"),
         # The whole config: the report's setup section states its digest.
         config=config,
     log:
@@ -312,9 +317,6 @@ rule plot_training:
     input:
         selection="results/eval/{run}/selection.json",
         history="results/train/{run}/history.parquet",
-        code=src_files(
-            "analysis/training.py", "analysis/style.py", "analysis/stats.py", "env/protocols.py"
-        ),
     output:
         png=report(
             "results/figures/training_{run}.png",
@@ -324,6 +326,8 @@ rule plot_training:
         ),
         pdf="results/figures/training_{run}.pdf",
         csv="results/figures/training_{run}.csv",
+    params:
+        code=code_of("plot_training"),
     log:
         "logs/plot_training/{run}.log",
     benchmark:

@@ -7,18 +7,12 @@ from urllib.parse import urlsplit
 
 from snakemake.utils import available_cpu_count, validate
 
-from coordgap.analysis.provenance import output_identity
+from coordgap.provenance import output_identity
+from coordgap.code import code_digest
 from coordgap.site import load_site
-from coordgap.config import (
-    cell_episodes,
-    check_cross_keys,
-    checkpoint_families,
-    evaluated_steps,
-    generation_rule,
-    is_served,
-    selected_checkpoints,
-    weights_source,
-)
+from coordgap.config.checks import check_cross_keys
+from coordgap.config.play import cell_episodes, generation_rule, is_served, weights_source
+from coordgap.config.training import checkpoint_families, evaluated_steps, selected_checkpoints
 
 # ---------------------------------------------------------------- validation
 
@@ -52,7 +46,6 @@ POLICIES = config["evaluation"]["policies"]
 SELECTED = selected_checkpoints(config)
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
-SRC = Path("src/coordgap")
 # The software of the rules, used with --sdm conda; locally, .venv from `make all` runs them
 # all. The project on CPU torch: scripted and in-process models, trainer torch, the analysis.
 PROJECT_ENV = "../workflow/envs/coordgap.yaml"
@@ -62,23 +55,9 @@ API_ENV = "../workflow/envs/api.yaml"
 ART_ENV = "../workflow/envs/art.yaml"
 # The project and a pinned vLLM: the jobs that start a model's server (serve:).
 VLLM_ENV = "../workflow/envs/vllm.yaml"
-# The src/ modules behind the statistics tables, every figure, and the episode timeline.
-STATS_CODE = ("analysis/stats.py", "analysis/intervals.py", "env/reward.py")
-FIGURE_CODE = (*STATS_CODE, "analysis/figures.py", "analysis/style.py")
-SELECTION_CODE = [
-    *(str(p) for p in sorted((SRC / "evaluation").glob("*.py"))),
-    str(SRC / "analysis" / "intervals.py"),
-    str(SRC / "env" / "reward.py"),
-    str(SRC / "config.py"),
-]
-TIMELINE_CODE = (
-    *STATS_CODE,
-    "analysis/timeline.py",
-    "analysis/style.py",
-    "data.py",
-    "env/table.py",
-    "env/protocols.py",
-)
+# Where the rules' code digests are read (coordgap.code): this workflow's own adapters and src/.
+SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+SRC = Path(workflow.basedir) / "src" / "coordgap"
 
 
 def alternatives(names):
@@ -195,13 +174,13 @@ def served_gpu_memory_gb(entry):
     return entry["serve"]["gpu_memory_gb"] if is_served(entry) else 0
 
 
-def src_files(*parts):
-    """The src/coordgap modules a rule imports, as inputs so that code changes rerun it."""
-    files = []
-    for part in parts:
-        path = SRC / part
-        files.extend(sorted(str(p) for p in path.rglob("*.py")) if path.is_dir() else [str(path)])
-    return files
+def code_of(script):
+    """A rule's code param: the digest of what its adapter ``script`` runs (coordgap.code).
+
+    A param, not inputs: a job reruns when code it imports changes in meaning, and not for a
+    comment, a docstring or a file that merely got newer.
+    """
+    return code_digest(SCRIPTS / f"{script}.py", SRC)
 
 
 def model_entry(wildcards):

@@ -5,22 +5,13 @@ rule generate_episodes:
     input:
         unpack(model_weights),
         prompts="config/prompts",
-        code=src_files(
-            "env",
-            "agents",
-            "policies",
-            "episodes.py",
-            "data.py",
-            "config.py",
-            "preemption.py",
-            "analysis/provenance.py",
-        ),
     output:
         episodes="results/episodes/{model}/n{size}.parquet",
         steps="results/episodes/{model}/n{size}.steps.parquet",
         transcripts="results/episodes/{model}/n{size}.transcripts.parquet",
         provenance="results/episodes/{model}/n{size}.provenance.json",
     params:
+        code=code_of("generate_episodes"),
         model=model_entry,
         provenance=provenance_of("episodes"),
         environment=lookup(dpath="environment", within=config),

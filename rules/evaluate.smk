@@ -9,22 +9,12 @@ rule evaluate_checkpoints:
         weights=run_weights,
         checkpoints="results/train/{run}/checkpoints",
         prompts="config/prompts",
-        code=src_files(
-            "evaluation",
-            "agents",
-            "policies",
-            "env",
-            "episodes.py",
-            "data.py",
-            "config.py",
-            "preemption.py",
-            "analysis/provenance.py",
-        ),
     output:
         # step_<kkkk>.parquet and its steps and transcripts tables, per evaluated checkpoint.
         validation=directory("results/eval/{run}/validation"),
         provenance="results/eval/{run}/validation.provenance.json",
     params:
+        code=code_of("evaluate_checkpoints"),
         run=run_entry,
         steps=run_steps,
         provenance=provenance_of("eval"),
@@ -53,12 +43,12 @@ rule select_checkpoint:
     input:
         rollouts="results/train/{run}/rollouts",
         validation=rules.evaluate_checkpoints.output.validation,
-        code=SELECTION_CODE,
     output:
         # One job and file per policy, holding its choice: adding a policy runs only its own
         # selection and tests, and a test reruns only when its policy's inputs change.
         "results/eval/{run}/select/{policy}.json",
     params:
+        code=code_of("select_checkpoint"),
         run=run_entry,
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
     log:
@@ -75,10 +65,10 @@ rule summarize_selection:
     input:
         rollouts="results/train/{run}/rollouts",
         validation=rules.evaluate_checkpoints.output.validation,
-        code=SELECTION_CODE,
     output:
         "results/eval/{run}/selection.json",
     params:
+        code=code_of("summarize_selection"),
         run=run_entry,
         policies=POLICIES,
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed"),
@@ -98,23 +88,13 @@ rule test_checkpoint:
         weights=run_weights,
         checkpoints="results/train/{run}/checkpoints",
         prompts="config/prompts",
-        code=src_files(
-            "evaluation",
-            "agents",
-            "policies",
-            "env",
-            "episodes.py",
-            "data.py",
-            "config.py",
-            "preemption.py",
-            "analysis/provenance.py",
-        ),
     output:
         episodes="results/test/{run}@{policy}/n{size}.parquet",
         steps="results/test/{run}@{policy}/n{size}.steps.parquet",
         transcripts="results/test/{run}@{policy}/n{size}.transcripts.parquet",
         provenance="results/test/{run}@{policy}/n{size}.provenance.json",
     params:
+        code=code_of("test_checkpoint"),
         base=selected_base_entry,
         provenance=provenance_of("test"),
         environment=lookup(dpath="environment", within=config),
@@ -140,9 +120,10 @@ rule test_checkpoint:
 rule index_selections:
     input:
         outputs=selection_targets(),
-        code=src_files("data.py"),
     output:
         "results/eval/index.json",
+    params:
+        code=code_of("write_index"),
     log:
         "logs/index_selections/index_selections.log",
     benchmark:
@@ -156,9 +137,10 @@ rule index_selections:
 rule index_tests:
     input:
         outputs=test_targets(),
-        code=src_files("data.py"),
     output:
         "results/test/index.json",
+    params:
+        code=code_of("write_index"),
     log:
         "logs/index_tests/index_tests.log",
     benchmark:

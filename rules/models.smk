@@ -4,11 +4,10 @@
 
 
 rule prepare_model:
-    input:
-        code=src_files("models"),
     output:
         directory("resources/models/{model}"),
     params:
+        code=code_of("prepare_model"),
         source=model_source,
     log:
         "logs/prepare_model/{model}.log",
@@ -26,9 +25,10 @@ rule prepare_model:
 rule write_model_manifest:
     input:
         models=model_targets(),
-        code=src_files("models"),
     output:
         "resources/models/manifest.json",
+    params:
+        code=code_of("write_model_manifest"),
     log:
         "logs/write_model_manifest/write_model_manifest.log",
     benchmark:

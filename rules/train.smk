@@ -5,17 +5,6 @@ rule train_grpo:
     input:
         weights=run_weights,
         prompts="config/prompts",
-        code=src_files(
-            "training",
-            "agents",
-            "policies",
-            "env",
-            "episodes.py",
-            "data.py",
-            "config.py",
-            "preemption.py",
-            "analysis/provenance.py",
-        ),
     output:
         # One folder for all steps: evaluation jobs take it whole and read their step, so a
         # retrain reruns them (per-step folders would miss nothing more, at more rules).
@@ -24,6 +13,7 @@ rule train_grpo:
         rollouts=directory("results/train/{run}/rollouts"),
         provenance="results/train/{run}/provenance.json",
     params:
+        code=code_of("train_grpo"),
         run=run_entry,
         provenance=provenance_of("train"),
         base=run_base_entry,
@@ -49,9 +39,10 @@ rule train_grpo:
 rule index_training:
     input:
         outputs=training_targets(),
-        code=src_files("data.py"),
     output:
         "results/train/index.json",
+    params:
+        code=code_of("write_index"),
     log:
         "logs/index_training/index_training.log",
     benchmark:

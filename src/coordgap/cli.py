@@ -138,7 +138,8 @@ def _plan(configfile: Path, root: Path, csv_path: Path | None) -> int:
     import yaml
     from snakemake.utils import validate
 
-    from coordgap.config import check_cross_keys, unfilled_keys
+    from coordgap.config.checks import check_cross_keys
+    from coordgap.config.keys import unfilled_keys
     from coordgap.plan import actual, api_key_variables, estimate, render, write_csv
 
     config = yaml.safe_load(configfile.read_text())

@@ -25,7 +25,7 @@ from coordgap.policies.base import NoCallReason
 if TYPE_CHECKING:
     import numpy as np
 
-    from coordgap.config import EnvironmentConfig
+    from coordgap.config.play import EnvironmentConfig
     from coordgap.data import EpisodeSeeds
     from coordgap.policies.base import Decision, Policy, Transcript
 

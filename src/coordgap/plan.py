@@ -24,14 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.config import (
-    TrainingRunConfig,
-    cell_episodes,
-    evaluated_steps,
-    generation_rule,
-    is_served,
-    selected_checkpoints,
-)
+from coordgap.config.play import cell_episodes, generation_rule, is_served
+from coordgap.config.training import TrainingRunConfig, evaluated_steps, selected_checkpoints
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.episodes import transcript_row
 from coordgap.policies.remote import OpenAICompatible
@@ -271,7 +271,7 @@ def restored_environ():
 @pytest.mark.usefixtures("restored_environ")
 def test_art_trains_one_step_on_the_gpu(tmp_path, smollm2_dir) -> None:
     """ART's LocalBackend trains the tiny model one step; its checkpoint lands in our layout."""
-    from coordgap.config import EnvironmentConfig, ModelSpec
+    from coordgap.config.play import EnvironmentConfig, ModelSpec
     from coordgap.env.observation import PromptTemplates
     from coordgap.training.loop import RunOutputs, train_run
 

@@ -19,7 +19,9 @@ import pytest
 import yaml
 from safetensors.numpy import save
 
-from coordgap.config import ConfigError, check_cross_keys, is_served
+from coordgap.config.checks import check_cross_keys
+from coordgap.config.keys import ConfigError
+from coordgap.config.play import is_served
 from coordgap.models.manifest import write_manifest
 from coordgap.models.prepare import PROVENANCE, prepare_model
 from coordgap.policies.serving import launch

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 import yaml
 
-from coordgap.config import EnvironmentConfig, ModelSpec
+from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.evaluation.checkpoints import CheckpointJob, step_label

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.env.protocols import Tool
 from coordgap.training.loop import rollout_rewards
 from tests.conftest import copy_workflow, run, tiny_training_config

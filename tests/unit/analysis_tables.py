@@ -11,18 +11,13 @@ import polars as pl
 from coordgap.analysis.comparisons import write_comparisons, write_power
 from coordgap.analysis.monitors import write_monitors
 from coordgap.analysis.stats import StatsOutputs, write_stats
-from coordgap.config import (
-    AnalysisConfig,
-    ComparisonConfig,
-    EnvironmentConfig,
-    MonitorConfig,
-    PowerConfig,
-    ScriptedPolicy,
-)
+from coordgap.config.analysis import AnalysisConfig, ComparisonConfig, MonitorConfig, PowerConfig
+from coordgap.config.play import EnvironmentConfig, ScriptedPolicy
 from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA, STEP_SCHEMA, EpisodeSeeds
 from coordgap.env.protocols import Protocol
-from coordgap.env.reward import RewardVariant, RewardWeights, components
+from coordgap.env.reward import components
 from coordgap.env.table import TieBreak, TurnOrder
+from coordgap.env.variants import RewardVariant, RewardWeights
 from coordgap.episodes import play_episode
 from coordgap.policies.scripted import make_scripted_policy
 

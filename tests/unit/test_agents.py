@@ -12,7 +12,7 @@ import pytest
 
 from coordgap.agents.graphs import philosopher_graph, play_episode_graph, table_graph
 from coordgap.agents.runner import Cell, CellErrors, CellOutputs, merge_journal, run_cell
-from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
+from coordgap.config.play import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import EpisodeSeeds
 from coordgap.env.table import TurnOrder
 from coordgap.episodes import play_episode

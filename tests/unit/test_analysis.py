@@ -27,7 +27,7 @@ from coordgap.analysis.stats import (
     summary_schema,
     write_csv,
 )
-from coordgap.env.reward import RewardVariant, reward_expr
+from coordgap.env.variants import RewardVariant, reward_expr
 from tests.unit.analysis_tables import COMPARE, CONFIG, episode, frame, table, write_tables
 
 if TYPE_CHECKING:

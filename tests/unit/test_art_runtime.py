@@ -25,7 +25,8 @@ import torch._inductor.runtime.cache_dir_utils
 import yaml
 
 from coordgap.cli import main
-from coordgap.config import ModelSpec, TrainingRunConfig
+from coordgap.config.play import ModelSpec
+from coordgap.config.training import TrainingRunConfig
 from coordgap.site import SCRATCH_CACHES, SITE_ENV
 from coordgap.training import art_runtime
 from coordgap.training._art import art

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from coordgap.agents.runner import CellOutputs, generate_cell
-from coordgap.config import EnvironmentConfig, ModelSpec, ScriptedPolicy
+from coordgap.config.play import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import derive_seed
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import Protocol

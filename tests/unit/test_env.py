@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordgap.config import EnvironmentConfig, ScriptedPolicy
+from coordgap.config.play import EnvironmentConfig, ScriptedPolicy
 from coordgap.data import EpisodeSeeds
 from coordgap.env.observation import Observation, PromptTemplates, observe
 from coordgap.env.protocols import IDLE_TOOL, TOOLS, Protocol, Tool

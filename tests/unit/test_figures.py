@@ -22,8 +22,8 @@ from coordgap.analysis.stats import (
     summary_schema,
 )
 from coordgap.analysis.training import write_training_figure
-from coordgap.data import HISTORY_SCHEMA
-from coordgap.env.reward import RewardVariant
+from coordgap.env.variants import RewardVariant
+from coordgap.training.history import HISTORY_SCHEMA
 from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
 
 if TYPE_CHECKING:

@@ -8,12 +8,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from coordgap.config import EnvironmentConfig, ScriptedPolicy
+from coordgap.config.play import EnvironmentConfig, ScriptedPolicy
 from coordgap.data import EpisodeSeeds
 from coordgap.env.observation import observe
 from coordgap.env.protocols import IDLE_TOOL, TOOLS, Protocol
-from coordgap.env.reward import RewardVariant, RewardWeights, reward_expr
 from coordgap.env.table import Table, TieBreak, TurnOrder
+from coordgap.env.variants import RewardVariant, RewardWeights, reward_expr
 from coordgap.episodes import EpisodeLog, play_episode
 from coordgap.policies.scripted import make_scripted_policy
 

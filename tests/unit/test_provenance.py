@@ -8,7 +8,7 @@ from importlib import metadata
 import pytest
 import yaml
 
-from coordgap.analysis.provenance import (
+from coordgap.provenance import (
     ProvenanceMismatch,
     check_records,
     output_identity,

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from coordgap.analysis.paper import check_published
-from coordgap.analysis.provenance import Provenance, config_digest, git_commit
 from coordgap.analysis.report import ReportInputs, figure_catalog, write_report
 from coordgap.analysis.stats import summarize
-from coordgap.env.reward import RewardVariant
+from coordgap.env.variants import RewardVariant
+from coordgap.provenance import Provenance, config_digest, git_commit
 from tests.conftest import ROOT, TINY_CONFIG
 from tests.unit.analysis_tables import (
     COMPARE,

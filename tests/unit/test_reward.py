@@ -1,23 +1,27 @@
-"""Reward components and variants (``coordgap.env.reward``) on hand-computed episodes."""
+"""Reward components (``coordgap.env.reward``) and variants (``coordgap.env.variants``)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
-from coordgap.env.reward import (
-    RewardComponents,
+from coordgap.env.reward import RewardComponents, components
+from coordgap.env.variants import (
+    VARIANT_COMPONENTS,
     RewardVariant,
     RewardWeights,
-    components,
+    component_exprs,
     reward_expr,
 )
 
 pytestmark = pytest.mark.unit
 
 PAPER = RewardWeights()
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def episode_frame(
@@ -120,3 +124,27 @@ def test_paper_reward_of_a_thinker_depends_on_the_idle_weight() -> None:
     assert reward(frame, RewardVariant.PAPER) == pytest.approx(0.9)
     assert reward(frame, RewardVariant.PAPER, RewardWeights(idle=0.0)) == 1.0
     assert reward(frame, RewardVariant.PAPER, RewardWeights(idle=0.5)) == pytest.approx(0.5)
+
+
+def _schema_enums(node: object) -> list[list[str]]:
+    """Every enum of the config schema that lists the reward variants."""
+    if isinstance(node, dict):
+        found = [node["enum"]] if "paper" in node.get("enum", ()) else []
+        return found + [enum for value in node.values() for enum in _schema_enums(value)]
+    if isinstance(node, list):
+        return [enum for value in node for enum in _schema_enums(value)]
+    return []
+
+
+def test_the_schema_names_exactly_the_variants_that_have_formulas() -> None:
+    schema = yaml.safe_load(SCHEMA.read_text())
+    enums = _schema_enums(schema)
+    # reward.variants and a training run's reward.variant.
+    assert len(enums) == 2
+    for enum in enums:
+        assert set(enum) == set(RewardVariant) == set(VARIANT_COMPONENTS)
+
+
+def test_a_name_without_a_formula_raises_instead_of_falling_through() -> None:
+    with pytest.raises(KeyError):
+        component_exprs("greedy")  # type: ignore[arg-type]

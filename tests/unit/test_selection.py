@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 import yaml
 
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.data import EPISODE_SCHEMA
 from coordgap.evaluation.checkpoints import selection
 from coordgap.evaluation.selection import (

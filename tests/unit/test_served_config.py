@@ -8,7 +8,9 @@ import ipaddress
 import pytest
 import yaml
 
-from coordgap.config import ConfigError, EnvironmentConfig, ModelSpec, check_cross_keys
+from coordgap.config.checks import check_cross_keys
+from coordgap.config.keys import ConfigError
+from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.env.observation import PromptTemplates
 from coordgap.policies.factory import open_policy_factory
 from coordgap.policies.serving import listen_address

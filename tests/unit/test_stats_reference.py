@@ -26,13 +26,13 @@ from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
 from coordgap.analysis.comparisons import holm, power_table, welch
-from coordgap.analysis.intervals import (
+from coordgap.analysis.stats import summarize
+from coordgap.intervals import (
     bootstrap_difference_ci,
     bootstrap_mean_ci,
     newcombe_interval,
     wilson_interval,
 )
-from coordgap.analysis.stats import summarize
 from tests.unit.analysis_tables import COMPARE, CONFIG, POWER, table
 
 pytestmark = pytest.mark.unit

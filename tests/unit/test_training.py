@@ -20,7 +20,8 @@ import pytest
 import torch
 import yaml
 
-from coordgap.config import EnvironmentConfig, TrainingRunConfig
+from coordgap.config.play import EnvironmentConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.episodes import transcript_row

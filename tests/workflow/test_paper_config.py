@@ -9,7 +9,9 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from coordgap.config import cell_episodes, check_cross_keys, unfilled_keys
+from coordgap.config.checks import check_cross_keys
+from coordgap.config.keys import unfilled_keys
+from coordgap.config.play import cell_episodes
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, dry_run_jobs, planned, run
 
 pytestmark = pytest.mark.workflow

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 import yaml
 
-from coordgap.config import evaluated_steps
+from coordgap.config.training import evaluated_steps
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, planned, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
@@ -128,6 +128,39 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
         dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
         assert set(planned(dry_run.stdout)) - {"all"} == rules, (dotted, dry_run.stdout)
     config_path.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
+
+    # Code: a job reruns when code it imports changes in meaning (coordgap.code), and only then.
+    src = tiny_workflow / "src" / "coordgap"
+    originals = {path: path.read_text() for path in src.rglob("*.py")}
+    for path, text in originals.items():
+        reworded = f'""" Reworded.{text[3:]}' if text.startswith('"""') else text
+        path.write_text(reworded + "\n# A new comment.\n")
+    dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+    assert "Nothing to be done" in dry_run.stdout + dry_run.stderr, dry_run.stdout
+    code_changes = {
+        # A variant's formula: every analysis job, no episode.
+        "env/variants.py": (
+            ('"thru": pl.col("r_thru"),', '"thru": 0.5 * pl.col("r_thru"),'),
+            changes["reward.weights.idle"][1] | {"plot_timeline"},
+        ),
+        # The table's step semantics: every episode, and all that follows from them; not the
+        # indexes and the model manifest, whose code holds no table.
+        "env/table.py": (
+            ("return not any(self.eating) and all(", "return all("),
+            set(planned(run(tiny_workflow, "snakemake", "-n", "-F", "all").stdout))
+            - {"all", "index_training", "index_selections", "index_tests", "write_model_manifest"},
+        ),
+    }
+    for module, ((old, new), rules) in code_changes.items():
+        path = src / module
+        assert old in originals[path], module
+        path.write_text(originals[path].replace(old, new, 1))
+        dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+        jobs = planned(dry_run.stdout)
+        assert set(jobs) - {"all"} == rules, (module, dry_run.stdout)
+        path.write_text(originals[path])
+    cells = len(tiny_config["models"]) * len(tiny_config["experiment"]["sizes"])
+    assert jobs["generate_episodes"] == cells
 
 
 def _set(config: dict, dotted: str, value) -> dict:

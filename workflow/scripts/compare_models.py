@@ -1,7 +1,7 @@
 """Adapter of rule compare_models: the pairwise comparisons of every family."""
 
 from coordgap.analysis.comparisons import write_comparisons
-from coordgap.config import ComparisonConfig
+from coordgap.config.analysis import ComparisonConfig
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "compare_models") as log:

@@ -1,7 +1,7 @@
 """Adapter of rule compute_monitors: the degenerate-policy monitors of every model x N cell."""
 
 from coordgap.analysis.monitors import write_monitors
-from coordgap.config import MonitorConfig
+from coordgap.config.analysis import MonitorConfig
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "compute_monitors") as log:

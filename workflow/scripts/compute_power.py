@@ -1,7 +1,7 @@
 """Adapter of rule compute_power: the episodes per cell needed, beside the paper's and ours."""
 
 from coordgap.analysis.comparisons import write_power
-from coordgap.config import PowerConfig
+from coordgap.config.analysis import PowerConfig
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "compute_power"):

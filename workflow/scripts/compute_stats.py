@@ -1,7 +1,7 @@
 """Adapter of rule compute_stats: the summary, its breakdowns and the DVC metrics."""
 
 from coordgap.analysis.stats import StatsOutputs, write_stats
-from coordgap.config import AnalysisConfig
+from coordgap.config.analysis import AnalysisConfig
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "compute_stats") as log:

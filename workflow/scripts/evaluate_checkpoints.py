@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from coordgap.analysis.provenance import write_record
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.evaluation.checkpoints import CheckpointJob
 from coordgap.logs import job_log
+from coordgap.provenance import write_record
 
 with job_log(snakemake.log[0], "evaluate_checkpoints") as log:
     run = TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run)

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs, generate_cell
-from coordgap.analysis.provenance import write_record
-from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share
+from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
+from coordgap.provenance import write_record
 
 with job_log(snakemake.log[0], "generate_episodes") as log:
     model = ModelSpec.from_dict(snakemake.wildcards.model, snakemake.params.model)

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from coordgap.config import ConfigError, is_served
+from coordgap.config.keys import ConfigError
+from coordgap.config.play import is_served
 from coordgap.logs import job_log
 from coordgap.models.prepare import prepare_model
 

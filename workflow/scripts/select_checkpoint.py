@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from coordgap.config import TrainingRunConfig
+from coordgap.config.training import TrainingRunConfig
 from coordgap.evaluation.checkpoints import selection, write_json
 from coordgap.logs import job_log
 

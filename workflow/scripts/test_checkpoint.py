@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs
-from coordgap.analysis.provenance import write_record
 from coordgap.evaluation.checkpoints import CheckpointJob, chosen_step
 from coordgap.logs import job_log
+from coordgap.provenance import write_record
 
 with job_log(snakemake.log[0], "test_checkpoint") as log:
     wildcards = snakemake.wildcards

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import torch
 
-from coordgap.analysis.provenance import write_record
-from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
+from coordgap.config.play import EnvironmentConfig, ModelSpec
+from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
+from coordgap.provenance import write_record
 from coordgap.training.loop import RunOutputs, train_run
 
 with job_log(snakemake.log[0], "train_grpo") as log:

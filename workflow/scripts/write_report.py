@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from coordgap.analysis.provenance import Provenance
 from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.logs import job_log
+from coordgap.provenance import Provenance
 
 with job_log(snakemake.log[0], "write_report"):
     given = snakemake.input

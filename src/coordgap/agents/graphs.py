@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     from langgraph.graph.state import CompiledStateGraph
 
-    from coordgap.config import EnvironmentConfig
+    from coordgap.config.play import EnvironmentConfig
     from coordgap.episodes import EpisodeLog
 
 

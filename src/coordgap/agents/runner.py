@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from coordgap.config import EnvironmentConfig, ModelSpec
+    from coordgap.config.play import EnvironmentConfig, ModelSpec
     from coordgap.env.observation import PromptTemplates
     from coordgap.policies.base import AsyncPolicy
 

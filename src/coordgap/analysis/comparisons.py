@@ -23,14 +23,14 @@ import pingouin as pg
 import polars as pl
 import yaml
 
-from coordgap.analysis.intervals import bootstrap_difference_ci, newcombe_interval
 from coordgap.analysis.stats import OK, load_episodes, read_columns, with_rewards, write_csv
+from coordgap.intervals import bootstrap_difference_ci, newcombe_interval
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from coordgap.config import ComparisonConfig, PowerConfig
-    from coordgap.env.reward import RewardVariant
+    from coordgap.config.analysis import ComparisonConfig, PowerConfig
+    from coordgap.env.variants import RewardVariant
 
 COMPARISON_SCHEMA: dict[str, pl.DataType] = {
     "family": pl.String(),

@@ -23,7 +23,7 @@ from coordgap.analysis.stats import (
     reward_columns,
 )
 from coordgap.analysis.style import GREYS, HATCHES, marks, new_figure, save_figure, styled
-from coordgap.env.reward import RewardVariant
+from coordgap.env.variants import RewardVariant
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _GROUP_WIDTH = 0.8  # share of the space between two x positions taken by one group of models
 
 DEADLOCK_COLUMNS = ("deadlock_rate", "deadlock_ci_low", "deadlock_ci_high")
-# The components' names in figures, in the order of coordgap.env.reward.SIGNS.
+# The components' names in figures, in the order of coordgap.env.variants.SIGNS.
 COMPONENT_LABELS = {
     "nd": "no deadlock (+)",
     "thru": "throughput (+)",

@@ -2,7 +2,7 @@
 
 A policy can score well on the paper reward by not playing, and an API model can look as if
 it did when its replies are cut off. Five monitors look for that, each on the ``ok`` episodes of
-a cell (``coordgap.env.reward`` for the reward):
+a cell (``coordgap.env.variants`` for the reward):
 
 * ``degenerate``: the share of episodes without a meal that still score at least
   ``degenerate_reward`` under the paper reward (its maximum, 1.0, needs no action at all);
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from coordgap.analysis.stats import OK, load_episodes, write_csv
-from coordgap.env.reward import RewardVariant, reward_expr
+from coordgap.env.variants import RewardVariant, reward_expr
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from coordgap.config import MonitorConfig
+    from coordgap.config.analysis import MonitorConfig
 
 # Monitor name -> (the cell's share column, the MonitorConfig threshold it is held to).
 MONITORS: dict[str, tuple[str, str]] = {

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from coordgap.analysis.stats import reward_columns
-from coordgap.env.reward import RewardVariant
+from coordgap.env.variants import RewardVariant
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -21,16 +21,17 @@ import yaml
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
-from coordgap.analysis.provenance import check_records
 from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
 from coordgap.analysis.training import read_selection, selection_section
-from coordgap.config import AnalysisConfig, ComparisonConfig, MonitorConfig, cell_episodes
-from coordgap.env.reward import RewardVariant
+from coordgap.config.analysis import AnalysisConfig, ComparisonConfig, MonitorConfig
+from coordgap.config.play import cell_episodes
+from coordgap.env.variants import RewardVariant
+from coordgap.provenance import check_records
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from coordgap.analysis.provenance import Provenance
+    from coordgap.provenance import Provenance
 
 _MISSING = "n/a"
 

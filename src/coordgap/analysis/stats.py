@@ -3,7 +3,7 @@
 A cell is one model at one table size N. Only episodes with status ``ok`` enter a statistic;
 every other episode is counted in the cell's ``errors`` column, so a transport failure never
 looks like a silent, high-reward episode. Rewards are derived here from the stored components
-with :mod:`coordgap.env.reward`, one column ``reward_<variant>`` per configured variant, and
+with :mod:`coordgap.env.variants`, one column ``reward_<variant>`` per configured variant, and
 every table that involves a reward has it under every variant: the paper reward's degenerate
 maximum stays visible beside the shaped one.
 
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.analysis.intervals import bootstrap_mean_ci, wilson_interval
-from coordgap.env.reward import SIGNS, RewardVariant, component_exprs, reward_expr
+from coordgap.env.variants import SIGNS, RewardVariant, component_exprs, reward_expr
+from coordgap.intervals import bootstrap_mean_ci, wilson_interval
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from coordgap.config import AnalysisConfig
+    from coordgap.config.analysis import AnalysisConfig
 
 DECIMALS = 6  # written floats are rounded so that the files are byte-stable across platforms
 

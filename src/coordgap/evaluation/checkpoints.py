@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
-from coordgap.config import EnvironmentConfig, ModelSpec, accepted_error_share, is_served
+from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share, is_served
 from coordgap.data import TABLE_SCHEMAS
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
@@ -34,7 +34,7 @@ from coordgap.policies.serving import serve_models
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from coordgap.config import TrainingRunConfig
+    from coordgap.config.training import TrainingRunConfig
 
 
 def step_label(step: int) -> str:

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from coordgap.analysis.intervals import bootstrap_mean_ci
-from coordgap.env.reward import reward_expr
+from coordgap.env.variants import reward_expr
+from coordgap.intervals import bootstrap_mean_ci
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from coordgap.config import TrainingRunConfig
+    from coordgap.config.training import TrainingRunConfig
 
 
 class SelectionPolicy(StrEnum):
@@ -122,6 +122,26 @@ def _best(
     return ranked[0], ranked[1] if len(ranked) > 1 else None
 
 
+def _mean(estimate: Estimate) -> float:
+    return estimate.mean
+
+
+def _bound(estimate: Estimate) -> float:
+    # A step with a single episode has no interval: its bound counts as its mean.
+    return estimate.mean if np.isnan(estimate.ci_low) else estimate.ci_low
+
+
+# What each policy ranks: the estimates it reads and the score it maximises (``last`` ranks
+# nothing). The schema's policies are tested against these keys; a policy without an entry
+# raises rather than falling through to another.
+RANKINGS: dict[SelectionPolicy, tuple[str, Callable[[Estimate], float]] | None] = {
+    SelectionPolicy.LAST: None,
+    SelectionPolicy.BEST_TRAIN: ("training", _mean),
+    SelectionPolicy.BEST_VAL: ("validation", _mean),
+    SelectionPolicy.LCB_VAL: ("validation", _bound),
+}
+
+
 def choose(
     policy: SelectionPolicy,
     last: int,
@@ -140,23 +160,18 @@ def choose(
         The choice.
 
     Raises:
+        KeyError: A policy without a ranking.
         ValueError: The policy needs estimates that are missing.
     """
-    if policy is SelectionPolicy.LAST:
+    ranking = RANKINGS[policy]
+    if ranking is None:
         return Choice(policy, last, validation.get(last), None)
-    candidates = training if policy is SelectionPolicy.BEST_TRAIN else validation
+    estimates, score = ranking
+    candidates = {"training": training, "validation": validation}[estimates]
     if not candidates:
         raise ValueError(f"selection policy {policy} has no estimates to choose from")
-    if policy is SelectionPolicy.LCB_VAL:
-        # A step with a single episode has no interval: its bound counts as its mean.
-        best, runner_up = _best(candidates, lambda e: _bound(e))
-    else:
-        best, runner_up = _best(candidates, lambda e: e.mean)
+    best, runner_up = _best(candidates, score)
     return Choice(policy, best.step, best, runner_up)
-
-
-def _bound(estimate: Estimate) -> float:
-    return estimate.mean if np.isnan(estimate.ci_low) else estimate.ci_low
 
 
 def select(

@@ -33,7 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordgap.config import FILL_IN
+from coordgap.config.keys import FILL_IN
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,8 @@ import dataclasses
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from coordgap.config import ModelKind, check_filled, is_served
+from coordgap.config.keys import check_filled
+from coordgap.config.play import ModelKind, is_served
 from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
@@ -18,12 +19,55 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from coordgap.config import EnvironmentConfig, ModelSpec
+    from coordgap.config.play import EnvironmentConfig, ModelSpec
     from coordgap.env.observation import PromptTemplates
     from coordgap.policies.adapters import ChatBackend
     from coordgap.policies.base import AsyncPolicy
 
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
+
+
+def _local_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
+    """The in-process backend of a ``local`` model, on its prepared weights."""
+    # Imported here: torch and transformers take seconds to import, and scripted and API
+    # models never need them.
+    from coordgap.policies.local import LocalChatModel
+
+    if weights is None:
+        raise ValueError(f"model '{model.name}': a local model needs its prepared weights")
+    entry = model.entry
+    return LocalChatModel(
+        weights,
+        adapter=entry["adapter"],
+        dtype=entry["dtype"],
+        decoding=entry["decoding"],
+        temperature=entry["temperature"],
+        max_new_tokens=entry["max_new_tokens"],
+        max_batch=entry["max_batch"],
+        chat_template_kwargs=entry["chat_template_kwargs"],
+    )
+
+
+def _openai_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
+    """The client of an ``openai`` model's endpoint (a hosted API or its own server)."""
+    from coordgap.policies.remote import OpenAICompatible
+
+    # The config entry uses the backend's own field names (the schema's openai_model).
+    return OpenAICompatible(
+        **{
+            field.name: model.entry[field.name]
+            for field in dataclasses.fields(OpenAICompatible)
+            # Settings a config entry has no key for (a trainer's) keep their defaults.
+            if field.init and field.name in model.entry
+        }
+    )
+
+
+# The chat backend of each kind of language model; scripted models have none.
+BACKENDS: dict[ModelKind, Callable[[ModelSpec, Path | None], ChatBackend]] = {
+    ModelKind.LOCAL: _local_backend,
+    ModelKind.OPENAI: _openai_backend,
+}
 
 
 def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
@@ -37,37 +81,12 @@ def open_backend(model: ModelSpec, weights: Path | None) -> ChatBackend:
         The backend, shared by every episode of the job.
 
     Raises:
+        ValueError: A model kind without a chat backend (``scripted``).
         MissingAPIKeyError: The entry's ``api_key_env`` is not set (names the variable).
     """
-    entry = model.entry
-    if model.kind is ModelKind.LOCAL:
-        # Imported here: torch and transformers take seconds to import, and scripted and API
-        # models never need them.
-        from coordgap.policies.local import LocalChatModel
-
-        if weights is None:
-            raise ValueError(f"model '{model.name}': a local model needs its prepared weights")
-        return LocalChatModel(
-            weights,
-            adapter=entry["adapter"],
-            dtype=entry["dtype"],
-            decoding=entry["decoding"],
-            temperature=entry["temperature"],
-            max_new_tokens=entry["max_new_tokens"],
-            max_batch=entry["max_batch"],
-            chat_template_kwargs=entry["chat_template_kwargs"],
-        )
-    from coordgap.policies.remote import OpenAICompatible
-
-    # The config entry uses the backend's own field names (the schema's openai_model).
-    return OpenAICompatible(
-        **{
-            field.name: entry[field.name]
-            for field in dataclasses.fields(OpenAICompatible)
-            # Settings a config entry has no key for (a trainer's) keep their defaults.
-            if field.init and field.name in entry
-        }
-    )
+    if model.kind not in BACKENDS:
+        raise ValueError(f"model '{model.name}': kind {model.kind} has no chat backend")
+    return BACKENDS[model.kind](model, weights)
 
 
 @contextmanager

@@ -12,12 +12,12 @@ import json
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
-from coordgap.config import ScriptedPolicy
+from coordgap.config.play import ScriptedPolicy
 from coordgap.env.protocols import IDLE_TOOL, TOOLS, Protocol, Tool
 from coordgap.policies.base import Decision, NoCallReason
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import numpy as np
 
@@ -147,9 +147,27 @@ class SilentPolicy:
         return [self._DECISION] * len(observations)
 
 
+# Each scripted policy's constructor (n, protocol, episode rng); the schema's names are tested
+# against these keys, and a name without one raises.
+ScriptedPolicyType = ForkOrderPolicy | RandomPolicy | ThinkOnlyPolicy | SilentPolicy
+SCRIPTED_POLICIES: dict[
+    ScriptedPolicy, Callable[[int, Protocol, np.random.Generator], ScriptedPolicyType]
+] = {
+    ScriptedPolicy.RESOURCE_HIERARCHY: lambda n, protocol, rng: ForkOrderPolicy(
+        n, protocol, lower_fork_first=True
+    ),
+    ScriptedPolicy.LEFT_FIRST: lambda n, protocol, rng: ForkOrderPolicy(
+        n, protocol, lower_fork_first=False
+    ),
+    ScriptedPolicy.RANDOM: RandomPolicy,
+    ScriptedPolicy.THINK_ONLY: lambda n, protocol, rng: ThinkOnlyPolicy(protocol),
+    ScriptedPolicy.SILENT: lambda n, protocol, rng: SilentPolicy(),
+}
+
+
 def make_scripted_policy(
     name: ScriptedPolicy, n: int, protocol: Protocol, rng: np.random.Generator
-) -> ForkOrderPolicy | RandomPolicy | ThinkOnlyPolicy | SilentPolicy:
+) -> ScriptedPolicyType:
     """Create a fresh scripted policy for one episode.
 
     Args:
@@ -160,13 +178,8 @@ def make_scripted_policy(
 
     Returns:
         A policy with per-episode state.
+
+    Raises:
+        KeyError: For a name without a policy.
     """
-    if name is ScriptedPolicy.RESOURCE_HIERARCHY:
-        return ForkOrderPolicy(n, protocol, lower_fork_first=True)
-    if name is ScriptedPolicy.LEFT_FIRST:
-        return ForkOrderPolicy(n, protocol, lower_fork_first=False)
-    if name is ScriptedPolicy.RANDOM:
-        return RandomPolicy(n, protocol, rng)
-    if name is ScriptedPolicy.THINK_ONLY:
-        return ThinkOnlyPolicy(protocol)
-    return SilentPolicy()
+    return SCRIPTED_POLICIES[name](n, protocol, rng)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordgap.config import ModelSpec
+from coordgap.config.play import ModelSpec
 from coordgap.site import cache_variables, load_site
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from coordgap.config import completion_limit
+from coordgap.config.play import completion_limit
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.site import load_site
 from coordgap.training._art import art
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from coordgap.config import ModelSpec, TrainingRunConfig
+    from coordgap.config.play import ModelSpec
+    from coordgap.config.training import TrainingRunConfig
     from coordgap.env.protocols import Tool
 
 # ART's LocalBackend serves with this key (model.inference_api_key); the openai backend reads

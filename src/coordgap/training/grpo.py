@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from art.preprocessing.tokenize import TokenizedResult
     from openai.types.chat.chat_completion import Choice
 
-    from coordgap.config import TrainingRunConfig
+    from coordgap.config.training import TrainingRunConfig
     from coordgap.env.protocols import Tool
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ into ART trajectory groups (``trajectories``) and trains on them, which gives ch
 Outputs, written when the run is complete:
 
 * ``checkpoints/step_<kkkk>/``: the PEFT adapter of every checkpoint, 0 to ``steps``;
-* ``history.parquet``: one row per step (``coordgap.data.HISTORY_SCHEMA``);
+* ``history.parquet``: one row per step (``coordgap.training.history.HISTORY_SCHEMA``);
 * ``rollouts/step_<kkkk>.{parquet,steps.parquet,transcripts.parquet}``: every rollout
   episode in the episode-table contract, so the training curve can be rebuilt from data.
 
@@ -46,19 +46,14 @@ from tqdm import tqdm
 
 from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
-from coordgap.config import Trainer
-from coordgap.data import (
-    HISTORY_SCHEMA,
-    TABLE_SCHEMAS,
-    EpisodeSeeds,
-    derive_seed,
-    write_parquet_atomic,
-)
+from coordgap.config.training import Trainer
+from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, derive_seed, write_parquet_atomic
 from coordgap.env.protocols import TOOLS
-from coordgap.env.reward import RewardVariant, reward_expr
 from coordgap.env.table import TurnOrder
+from coordgap.env.variants import RewardVariant, reward_expr
 from coordgap.policies.adapters import LLMAgentPolicy
 from coordgap.preemption import preemptible
+from coordgap.training.history import HISTORY_SCHEMA
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import trajectory_groups
 
@@ -66,7 +61,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from coordgap.config import EnvironmentConfig, ModelSpec, TrainingRunConfig
+    from coordgap.config.play import EnvironmentConfig, ModelSpec
+    from coordgap.config.training import TrainingRunConfig
     from coordgap.env.observation import PromptTemplates
     from coordgap.env.protocols import Tool
     from coordgap.policies.adapters import ChatBackend

@@ -20,7 +20,7 @@ from coordgap.env.observation import Observation
 from coordgap.env.protocols import Tool
 
 if TYPE_CHECKING:
-    from coordgap.config import EnvironmentConfig
+    from coordgap.config.play import EnvironmentConfig
     from coordgap.env.observation import PromptTemplates
 
 

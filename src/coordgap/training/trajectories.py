@@ -28,13 +28,13 @@ import polars as pl
 from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 
-from coordgap.env.reward import reward_expr
+from coordgap.env.variants import reward_expr
 from coordgap.training._art import art
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from coordgap.config import TrainingRunConfig
+    from coordgap.config.training import TrainingRunConfig
 
 # Rewards are rounded before ART computes advantages: rewards equal but for floating-point
 # noise would otherwise get a standard deviation of ~1e-17 and full-size advantages.

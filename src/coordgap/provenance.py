@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordgap.config import cell_episodes, weights_source
+from coordgap.config.play import cell_episodes, weights_source
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -1,0 +1,132 @@
+"""Settings of the analysis: rewards, intervals, comparisons, power and monitors."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from coordgap.env.variants import RewardVariant, RewardWeights
+
+
+@dataclass(frozen=True, slots=True)
+class PowerConfig:
+    """The a-priori power question: episodes per cell to detect an effect of a given size."""
+
+    effect_size: float
+    alpha: float
+    power: float
+
+    @classmethod
+    def from_dict(cls, section: dict[str, Any]) -> PowerConfig:
+        """Build from the validated ``analysis.power`` section."""
+        return cls(
+            effect_size=float(section["effect_size"]),
+            alpha=float(section["alpha"]),
+            power=float(section["power"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisConfig:
+    """What every statistic depends on: the rewards, and how intervals are estimated."""
+
+    weights: RewardWeights
+    variants: tuple[RewardVariant, ...]
+    confidence: float
+    bootstrap_resamples: int
+    seed: int
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any], analysis: dict[str, Any]) -> AnalysisConfig:
+        """Build from the validated ``reward`` section and the interval keys of ``analysis``."""
+        return cls(
+            weights=RewardWeights.from_dict(reward),
+            variants=tuple(RewardVariant(v) for v in reward["variants"]),
+            confidence=float(analysis["confidence"]),
+            bootstrap_resamples=int(analysis["bootstrap_resamples"]),
+            seed=int(analysis["seed"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonConfig:
+    """The pairwise comparisons: the statistics' settings, the pairs, and power's alpha.
+
+    Attributes:
+        analysis: Rewards and interval settings.
+        comparisons: The (model a, model b) pairs of ``analysis.comparisons``.
+        power: The power settings; their alpha is the one of each comparison's achieved power.
+        checkpoints: Further families from checkpoint selection (``checkpoint_families``).
+    """
+
+    analysis: AnalysisConfig
+    comparisons: tuple[tuple[str, str], ...]
+    power: PowerConfig
+    checkpoints: dict[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(
+        cls,
+        reward: dict[str, Any],
+        analysis: dict[str, Any],
+        checkpoints: dict[str, Any] | None = None,
+    ) -> ComparisonConfig:
+        """Build from the validated ``reward`` section and the comparison keys of ``analysis``.
+
+        Args:
+            reward: The ``reward`` section.
+            analysis: The ``analysis`` keys the comparisons read.
+            checkpoints: The families of ``checkpoint_families``, if the study trains.
+
+        Returns:
+            The comparisons' configuration.
+        """
+        return cls(
+            analysis=AnalysisConfig.from_dict(reward, analysis),
+            comparisons=tuple((a, b) for a, b in analysis["comparisons"]),
+            power=PowerConfig.from_dict(analysis["power"]),
+            checkpoints={
+                family: tuple((a, b) for a, b in pairs)
+                for family, pairs in (checkpoints or {}).items()
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    """Thresholds of the degenerate-policy monitors; a cell at or above one is flagged.
+
+    Attributes:
+        weights: Reward weights; the degenerate monitor scores episodes with the paper reward.
+        degenerate_reward: A meal-less episode scoring at least this is degenerate.
+        degenerate_share: Flag a cell with at least this share of degenerate episodes.
+        all_think_share: Flag a cell with at least this share of episodes whose every action
+            was a think.
+        no_call_rate: Flag a cell with at least this share of decisions without a tool call.
+        truncated_rate: Flag a cell with at least this share of decisions cut off by the
+            completion token limit.
+        starvation_share: Flag a cell with at least this share of episodes in which a seat
+            went without a meal while another ate.
+    """
+
+    weights: RewardWeights
+    degenerate_reward: float
+    degenerate_share: float
+    all_think_share: float
+    no_call_rate: float
+    truncated_rate: float
+    starvation_share: float
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any], monitors: dict[str, Any]) -> MonitorConfig:
+        """Build from the validated ``reward`` and ``analysis.monitors`` sections."""
+        return cls(
+            weights=RewardWeights.from_dict(reward),
+            degenerate_reward=float(monitors["degenerate_reward"]),
+            degenerate_share=float(monitors["degenerate_share"]),
+            all_think_share=float(monitors["all_think_share"]),
+            no_call_rate=float(monitors["no_call_rate"]),
+            truncated_rate=float(monitors["truncated_rate"]),
+            starvation_share=float(monitors["starvation_share"]),
+        )

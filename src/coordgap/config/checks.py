@@ -1,0 +1,204 @@
+"""The cross-key rules of the config, which the JSON schema cannot express.
+
+Run at parse time (Snakefile, ``coordgap check``/``plan``), after the schema, before any job;
+each names the offending key.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from coordgap.config.keys import FILL_IN, ConfigError
+from coordgap.config.play import (
+    COMMAND_FIELDS,
+    LORA_FIELDS,
+    cell_episodes,
+    is_served,
+    template_fields,
+    weights_source,
+)
+from coordgap.config.training import selected_checkpoints
+
+
+def check_cross_keys(config: dict[str, Any]) -> None:
+    """Check the rules that span several keys, which the JSON schema cannot express.
+
+    Run after the schema check (Snakemake's ``validate()``), before any job starts.
+
+    Args:
+        config: The schema-valid config.
+
+    Raises:
+        ConfigError: On the first problem, naming the offending key.
+    """
+    models = config["models"]
+    known = set(models) | set(selected_checkpoints(config))
+    for i, pair in enumerate(config["analysis"]["comparisons"]):
+        for j, name in enumerate(pair):
+            if name not in known:
+                raise ConfigError(
+                    f"config key 'analysis.comparisons[{i}][{j}]': unknown model '{name}'"
+                )
+        if pair[0] == pair[1]:
+            raise ConfigError(f"config key 'analysis.comparisons[{i}]': a model against itself")
+    sizes = config["experiment"]["sizes"]
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError("config key 'experiment.sizes': sizes must be distinct")
+    for name, entry in models.items():
+        if is_served(entry):
+            _check_served(f"models.{name}", entry)
+        _check_source(name, entry)
+    for name, run in config["training"]["runs"].items():
+        _check_run(f"training.runs.{name}", run, models)
+        if name in models:
+            raise ConfigError(f"config key 'training.runs.{name}': a model has this name too")
+    for name in config["plan"]["prices"]:
+        if name not in models or models[name]["kind"] != "openai" or is_served(models[name]):
+            raise ConfigError(
+                f"config key 'plan.prices.{name}': not a model behind a paid API (an openai "
+                "model without serve)"
+            )
+    _check_scenarios(config)
+    _check_timeline(config)
+
+
+def _check_timeline(config: dict[str, Any]) -> None:
+    """The episode the report draws must be one the study plays."""
+    timeline = config["analysis"]["timeline"]
+    model = timeline["model"]
+    if model not in config["models"]:
+        raise ConfigError(f"config key 'analysis.timeline.model': unknown model '{model}'")
+    if timeline["n"] not in config["experiment"]["sizes"]:
+        raise ConfigError(
+            f"config key 'analysis.timeline.n': {timeline['n']} is not in experiment.sizes"
+        )
+    episodes = cell_episodes(config, model)
+    if timeline["episode"] >= episodes:
+        raise ConfigError(
+            f"config key 'analysis.timeline.episode': {model} plays episodes 0 to {episodes - 1}"
+        )
+
+
+def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
+    """The scenario ids each split of a config uses, by split name.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        ``{"test": ..., "validation": ..., "train": ...}``: the test range covers the largest
+        cell, the validation range a checkpoint's episodes, the training range the longest
+        run.
+    """
+    first = config["scenarios"]
+    cells = [cell_episodes(config, model) for model in config["models"]]
+    runs = [run["steps"] * run["groups_per_step"] for run in config["training"]["runs"].values()]
+    return {
+        "test": range(first["test"], first["test"] + max(cells)),
+        "validation": range(
+            first["validation"], first["validation"] + config["evaluation"]["episodes"]
+        ),
+        "train": range(first["train"], first["train"] + max(runs, default=0)),
+    }
+
+
+def _check_scenarios(config: dict[str, Any]) -> None:
+    """Refuse overlapping scenario ranges, naming both keys."""
+    ranges = sorted(scenario_ranges(config).items(), key=lambda item: item[1].start)
+    for (name_a, a), (name_b, b) in itertools.pairwise(ranges):
+        if a and b and b.start < a.stop:
+            raise ConfigError(
+                f"config keys 'scenarios.{name_a}' and 'scenarios.{name_b}': their scenario ids "
+                f"overlap ({name_a} uses {a.start}..{a.stop - 1}, {name_b} starts at {b.start})"
+            )
+
+
+def _check_source(name: str, entry: dict[str, Any]) -> None:
+    """A model's weights source must parse, and a hub source must pin a commit.
+
+    A ``FILL-IN`` placeholder passes: plans and dry runs accept it, and the job that would
+    prepare the weights stops on it.
+    """
+    source = weights_source(entry)
+    if source is None or source.startswith(FILL_IN):
+        return
+    # Imported here: coordgap.models.prepare imports this module.
+    from coordgap.models.prepare import parse_source
+
+    try:
+        parse_source(source)
+    except ValueError as error:
+        key = f"models.{name}.source" if entry["kind"] == "local" else f"models.{name}.serve.source"
+        raise ConfigError(f"config key '{key}': {error}") from None
+
+
+def _check_served(key: str, entry: dict[str, Any]) -> None:
+    """The cross-key rules of a served model: its job owns the endpoint and its placeholders."""
+    for field in ("base_url", "api_key_env"):
+        if entry[field] is not None:
+            raise ConfigError(
+                f"config key '{key}.{field}': must be null for a served model: its job starts "
+                "the server and gives it a fresh address and key"
+            )
+    serve = entry["serve"]
+    for part, allowed in (("command", COMMAND_FIELDS), ("lora", LORA_FIELDS)):
+        unknown = template_fields(serve[part] or ()) - allowed
+        if unknown:
+            raise ConfigError(
+                f"config key '{key}.serve.{part}': unknown placeholder {{{sorted(unknown)[0]}}} "
+                f"(known: {', '.join(sorted(allowed))}; write {{{{ for a brace)"
+            )
+    if serve["source"] is None and "weights" in template_fields(serve["command"]):
+        raise ConfigError(
+            f"config key '{key}.serve.command': uses {{weights}} but serve.source is null"
+        )
+
+
+# Settings ART 0.5.18's LocalBackend imposes in RL whatever it is told (unsloth/train.py sets
+# the weight decay on every step; the warm-up runs at every process start).
+ART_FORCED = {"optimizer.weight_decay": 0.1, "warmup": True}
+
+
+def _check_art_overrides(key: str, run: dict[str, Any]) -> None:
+    """Refuse a ``trainer: art`` run whose settings ART would silently override."""
+    for name, forced in ART_FORCED.items():
+        value: Any = run
+        for part in name.split("."):
+            value = value[part]
+        if value != forced:
+            raise ConfigError(
+                f"config key '{key}.{name}': trainer art cannot use {value!r}; ART's "
+                f"LocalBackend forces {forced!r} in RL. Set {forced!r}, or use trainer: torch"
+            )
+
+
+def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
+    """The cross-key rules of one training run (see ``check_cross_keys``)."""
+    base = run["base_model"]
+    if base not in models:
+        raise ConfigError(f"config key '{key}.base_model': unknown model '{base}'")
+    entry = models[base]
+    if weights_source(entry) is None:
+        raise ConfigError(
+            f"config key '{key}.base_model': '{base}' has no weights to train; only local "
+            "models and served models with serve.source can be trained"
+        )
+    if run["trainer"] == "torch" and entry["kind"] != "local":
+        raise ConfigError(
+            f"config key '{key}.trainer': torch trains in-process models only; '{base}' is "
+            "served, so use trainer: art"
+        )
+    if run["trainer"] == "art":
+        _check_art_overrides(key, run)
+    if is_served(entry) and entry["serve"]["lora"] is None:
+        raise ConfigError(
+            f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "
+            "server needs the arguments that load a checkpoint's adapter"
+        )
+    starts = [stage["from_step"] for stage in run["curriculum"] or ()]
+    if starts and (starts[0] != 0 or starts != sorted(set(starts)) or starts[-1] >= run["steps"]):
+        raise ConfigError(
+            f"config key '{key}.curriculum': from_step must start at 0 and increase, "
+            f"below steps ({run['steps']})"
+        )

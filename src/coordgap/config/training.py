@@ -1,0 +1,192 @@
+"""Settings of training: a GRPO run's recipe, and the checkpoints validation and tests play."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from coordgap.env.variants import RewardVariant, RewardWeights
+
+
+class Trainer(StrEnum):
+    """What runs a GRPO update (README.md: GRPO training)."""
+
+    TORCH = "torch"
+    ART = "art"
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """The LoRA adapter a run trains (ART's defaults: rank 8, alpha 16, no dropout)."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSettings:
+    """AdamW with a constant learning rate and a gradient-norm clip (ART's defaults)."""
+
+    beta1: float
+    beta2: float
+    weight_decay: float
+    max_grad_norm: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRunConfig:
+    """One GRPO run: a base model, a trainer and the recipe (``training.runs.<name>``).
+
+    Attributes:
+        name: The run's slug (used in output paths).
+        base_model: The ``models:`` entry (kind ``local``) whose weights are trained.
+        trainer: ``torch`` (our loop around ART's math) or ``art`` (ART's LocalBackend).
+        steps: GRPO steps; checkpoints 0 (the untrained adapter) to ``steps`` are written.
+        groups_per_step: Groups played per step (one scenario each).
+        episodes_per_group: Episodes per group (the same scenario, sampled independently).
+        n: Philosophers at the training table, unless ``curriculum`` says otherwise.
+        curriculum: ``(from_step, n)`` pairs in increasing step order, the first from step 0:
+            the table size of each step (intervention 3); empty for a fixed ``n``.
+        variant: The reward variant trained on (intervention 1).
+        weights: Its component weights.
+        temperature: Sampling temperature of the rollouts.
+        learning_rate: AdamW's (constant) learning rate.
+        lora: The adapter's shape.
+        loss: ``cispo`` (ART's default) or ``ppo``.
+        epsilon: Lower clip of the importance ratio (None: ART's default for the loss).
+        epsilon_high: Upper clip (None: ART's default for the loss).
+        optimizer: AdamW's other settings.
+        warmup: Run ART's warm-up step (learning rate 1e-9 on the first row) before the first
+            update of a fresh optimizer.
+        max_in_flight: Rollout episodes played at once.
+        seed: Seeds the adapter's initialisation and every step's generators.
+        art_internal_config: Passed to ``art.TrainableModel(_internal_config=...)`` by the
+            ``art`` trainer, merged under the LoRA settings above.
+    """
+
+    name: str
+    base_model: str
+    trainer: Trainer
+    steps: int
+    groups_per_step: int
+    episodes_per_group: int
+    n: int
+    curriculum: tuple[tuple[int, int], ...]
+    variant: RewardVariant
+    weights: RewardWeights
+    temperature: float
+    learning_rate: float
+    lora: LoraSettings
+    loss: Literal["cispo", "ppo"]
+    epsilon: float | None
+    epsilon_high: float | None
+    optimizer: OptimizerSettings
+    warmup: bool
+    max_in_flight: int
+    seed: int
+    art_internal_config: dict[str, Any]
+
+    def n_at(self, step: int) -> int:
+        """The table size of the rollouts of ``step`` (0-based)."""
+        size = self.n
+        for start, n in self.curriculum:
+            if start <= step:
+                size = n
+        return size
+
+    def settings(self) -> dict[str, Any]:
+        """The run as a plain dict of plain values (fingerprints, provenance)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, name: str, entry: dict[str, Any]) -> TrainingRunConfig:
+        """Build from one validated ``training.runs.<name>`` entry."""
+        reward = entry["reward"]
+        return cls(
+            name=name,
+            base_model=entry["base_model"],
+            trainer=Trainer(entry["trainer"]),
+            steps=int(entry["steps"]),
+            groups_per_step=int(entry["groups_per_step"]),
+            episodes_per_group=int(entry["episodes_per_group"]),
+            n=int(entry["n"]),
+            curriculum=tuple(
+                (int(stage["from_step"]), int(stage["n"])) for stage in entry["curriculum"] or ()
+            ),
+            variant=RewardVariant(reward["variant"]),
+            weights=RewardWeights.from_dict(reward),
+            temperature=float(entry["temperature"]),
+            learning_rate=float(entry["learning_rate"]),
+            lora=LoraSettings(
+                rank=int(entry["lora"]["rank"]),
+                alpha=int(entry["lora"]["alpha"]),
+                dropout=float(entry["lora"]["dropout"]),
+                target_modules=tuple(entry["lora"]["target_modules"]),
+            ),
+            loss=entry["loss"],
+            epsilon=entry["epsilon"],
+            epsilon_high=entry["epsilon_high"],
+            optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
+            warmup=bool(entry["warmup"]),
+            max_in_flight=int(entry["max_in_flight"]),
+            seed=int(entry["seed"]),
+            art_internal_config=dict(entry["art_internal_config"] or {}),
+        )
+
+
+def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The models that are selected checkpoints, ``<run>@<policy>``, with their run and policy.
+
+    Each plays the test grid like any model (README.md: Checkpoint discipline).
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Model name -> (run, selection policy), runs and policies in config order.
+    """
+    return {
+        f"{run}@{policy}": (run, policy)
+        for run in config["training"]["runs"]
+        for policy in config["evaluation"]["policies"]
+    }
+
+
+def evaluated_steps(config: dict[str, Any], run: str) -> list[int]:
+    """The checkpoints of a run that play validation: 0, every, 2 * every, ... and the last.
+
+    Args:
+        config: The schema-valid config.
+        run: A name in ``training.runs``.
+
+    Returns:
+        The steps, in increasing order.
+    """
+    steps = config["training"]["runs"][run]["steps"]
+    return sorted({*range(0, steps + 1, config["evaluation"]["every"]), steps})
+
+
+def checkpoint_families(config: dict[str, Any]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """The comparison families checkpoint selection adds, one pair list per run and question.
+
+    ``<run>: selected vs base`` compares every selected checkpoint with the run's base model;
+    ``<run>: selected vs last`` compares every other selection with the paper's choice.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Family name -> (model a, model b) pairs; Holm's correction runs within each.
+    """
+    families: dict[str, tuple[tuple[str, str], ...]] = {}
+    for run, entry in config["training"]["runs"].items():
+        selected = [name for name, (r, _) in selected_checkpoints(config).items() if r == run]
+        families[f"{run}: selected vs base"] = tuple((m, entry["base_model"]) for m in selected)
+        last = f"{run}@last"
+        if last in selected and len(selected) > 1:
+            families[f"{run}: selected vs last"] = tuple((m, last) for m in selected if m != last)
+    return families

@@ -1,0 +1,115 @@
+"""Reward variants: one reward per episode from its stored components and counts.
+
+The components (``coordgap.env.reward``) are computed during play; the variants combine them
+later, in the analysis and in training, so that this module's formulas never replay an
+episode. With weights ``w`` (the paper's: nd 1.0, thru 0.5, fair 0.3, idle 0.1) and C the number
+of ``no_call`` decisions of an episode:
+
+* ``paper``:  ``r = w_nd r_nd + w_thru r_thru - w_fair r_fair - w_idle r_idle``. An episode with
+  no action and no deadlock scores exactly ``w_nd`` = 1.0: the degenerate maximum.
+* ``shaped`` (intervention 1): the no-deadlock bonus counts only if ``M >= 1``, and ``no_call``
+  counts as idle: ``r_idle' = (T + C) / (A + C)``, 0 when ``A + C = 0``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import reduce
+from typing import Any
+
+import polars as pl
+
+
+class RewardVariant(StrEnum):
+    """A way to combine the stored components into one reward."""
+
+    PAPER = "paper"
+    SHAPED = "shaped"
+
+
+@dataclass(frozen=True, slots=True)
+class RewardWeights:
+    """Weights of the four components; the defaults are the paper's."""
+
+    nd: float = 1.0
+    thru: float = 0.5
+    fair: float = 0.3
+    idle: float = 0.1
+
+    @classmethod
+    def from_dict(cls, reward: dict[str, Any]) -> RewardWeights:
+        """Build from a validated ``reward`` section (the study's or a run's): its weights."""
+        return cls(**{name: float(value) for name, value in reward["weights"].items()})
+
+
+# Each weighted component enters the reward with this sign: two rewards, then two penalties.
+# The keys are the fields of RewardWeights.
+SIGNS: dict[str, float] = {"nd": 1.0, "thru": 1.0, "fair": -1.0, "idle": -1.0}
+
+
+def _paper_components() -> dict[str, pl.Expr]:
+    """The stored components as they are."""
+    return {
+        "nd": pl.col("r_nd"),
+        "thru": pl.col("r_thru"),
+        "fair": pl.col("r_fair"),
+        "idle": pl.col("r_idle"),
+    }
+
+
+def _shaped_components() -> dict[str, pl.Expr]:
+    """No no-deadlock bonus without a meal; ``no_call`` decisions count as idle."""
+    idle = pl.col("think") + pl.col("no_call")
+    decided = pl.col("actions") + pl.col("no_call")
+    return {
+        "nd": pl.when(pl.col("meals_total") >= 1).then(pl.col("r_nd")).otherwise(0.0),
+        "thru": pl.col("r_thru"),
+        "fair": pl.col("r_fair"),
+        "idle": pl.when(decided > 0).then(idle / decided).otherwise(0.0),
+    }
+
+
+# Every variant's components, one entry each: the schema's reward variants are tested against
+# these keys, and a variant without an entry raises rather than falling through to another.
+VARIANT_COMPONENTS = {
+    RewardVariant.PAPER: _paper_components,
+    RewardVariant.SHAPED: _shaped_components,
+}
+
+
+def component_exprs(variant: RewardVariant) -> dict[str, pl.Expr]:
+    """Polars expressions for a variant's four components, each in [0, 1], before weighting.
+
+    The table needs the columns ``r_nd``, ``r_thru``, ``r_fair``, ``r_idle``, ``meals_total``,
+    ``actions``, ``think`` and ``no_call`` (the episode contract of ``coordgap.data``).
+
+    Args:
+        variant: Which reward's components.
+
+    Returns:
+        One expression per key of ``SIGNS``, in its order.
+
+    Raises:
+        KeyError: For a variant without components.
+    """
+    return VARIANT_COMPONENTS[variant]()
+
+
+def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
+    """A polars expression for the reward of each row of an episode table.
+
+    Args:
+        variant: Which reward to compute.
+        weights: The component weights.
+
+    Returns:
+        A float expression named ``reward``: the signed, weighted sum of
+        :func:`component_exprs`.
+    """
+    terms = [
+        SIGNS[name] * getattr(weights, name) * expr
+        for name, expr in component_exprs(variant).items()
+    ]
+    return reduce(operator.add, terms).alias("reward")

@@ -1,0 +1,48 @@
+"""The training history's contract: one row per GRPO step (``history.parquet``)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from coordgap.env.protocols import Tool
+from coordgap.env.variants import RewardVariant
+
+HISTORY_SCHEMA: dict[str, pl.DataType] = {
+    "run": pl.String(),
+    "step": pl.Int64(),  # the checkpoint that played this step's rollouts; the update follows
+    "n": pl.Int64(),
+    "episodes": pl.Int64(),
+    "errors": pl.Int64(),
+    "reward_mean": pl.Float64(),  # under the variant and weights trained on
+    "reward_std": pl.Float64(),
+    "reward_min": pl.Float64(),
+    "reward_max": pl.Float64(),
+    # Every variant under the run's weights, so a shaped run's curve shows its paper reward.
+    **{f"reward_{v}_{stat}": pl.Float64() for v in RewardVariant for stat in ("mean", "std")},
+    "meals_mean": pl.Float64(),
+    "deadlock_rate": pl.Float64(),
+    "groups": pl.Int64(),
+    "groups_trainable": pl.Int64(),
+    "trajectories": pl.Int64(),
+    "rows": pl.Int64(),
+    "tokens": pl.Int64(),
+    "trained_tokens": pl.Int64(),
+    "loss": pl.Float64(),
+    "grad_norm": pl.Float64(),
+    "clipped_share": pl.Float64(),  # rows whose gradient the max_grad_norm clip cut
+    "ratio_log_mean": pl.Float64(),
+    "ratio_log_first": pl.Float64(),
+    # What the step did to the policy (coordgap.training.probe): the rollouts' choices, the
+    # mean entropy of the six-way policy mu that drew them, and after the update the probe
+    # set's KL(mu || mu_0) in float32 (what the weights learnt) and in the model's dtype (the
+    # policy that acts, bf16 rounding included), and mean mu of each tool in float32 (null
+    # where the trainer cannot score).
+    **{f"actions_{tool.value}": pl.Float64() for tool in Tool},
+    "entropy_mean": pl.Float64(),
+    "probe_kl": pl.Float64(),
+    "probe_kl_acting": pl.Float64(),
+    **{f"probe_{tool.value}": pl.Float64() for tool in Tool},
+    "seconds_rollout": pl.Float64(),
+    "seconds_update": pl.Float64(),
+    "seconds": pl.Float64(),
+}

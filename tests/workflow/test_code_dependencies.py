@@ -1,0 +1,45 @@
+"""Each DVC stage depends on exactly the code its jobs import (coordgap.code's closures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coordgap.code import import_closure
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.workflow
+
+SCRIPTS = Path("workflow") / "scripts"
+SRC = Path("src") / "coordgap"
+
+
+def _stages() -> dict[str, list[str]]:
+    return {
+        name: stage["deps"]
+        for name, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()
+    }
+
+
+def test_each_stage_lists_the_import_closure_of_its_adapters_and_nothing_else():
+    for name, deps in _stages().items():
+        scripts = [dep for dep in deps if Path(dep).parent == SCRIPTS]
+        assert scripts, f"stage {name} lists no adapter script"
+        closure = {
+            str(path.relative_to(ROOT))
+            for script in scripts
+            for path in import_closure(ROOT / script, ROOT / SRC)
+        }
+        listed = {dep for dep in deps if Path(dep).is_relative_to(SRC)}
+        assert listed == closure, (
+            f"stage {name}: list these src deps (coordgap.code.import_closure): "
+            f"missing {sorted(closure - listed)}, not imported {sorted(listed - closure)}"
+        )
+
+
+def test_every_adapter_belongs_to_a_stage():
+    listed = {Path(dep).name for deps in _stages().values() for dep in deps}
+    adapters = {path.name for path in (ROOT / SCRIPTS).glob("*.py")}
+    assert adapters <= listed, adapters - listed
