@@ -11,7 +11,13 @@ from coordgap.provenance import output_identity
 from coordgap.code import code_digest
 from coordgap.site import load_site
 from coordgap.config.checks import check_cross_keys
-from coordgap.config.play import cell_episodes, generation_rule, is_served, weights_source
+from coordgap.config.play import (
+    cell_episodes,
+    generation_rule,
+    is_served,
+    weights_source,
+    weights_source_key,
+)
 from coordgap.config.training import checkpoint_families, evaluated_steps, selected_checkpoints
 
 # ---------------------------------------------------------------- validation
@@ -191,6 +197,11 @@ def model_entry(wildcards):
 def model_source(wildcards):
     """The weights source of a local or served model."""
     return weights_source(config["models"][wildcards.model])
+
+
+def model_source_key(wildcards):
+    """The config key of that source, for the job's error messages."""
+    return weights_source_key(wildcards.model, config["models"][wildcards.model])
 
 
 def episodes_per_cell(wildcards):

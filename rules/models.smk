@@ -9,6 +9,7 @@ rule prepare_model:
     params:
         code=code_of("prepare_model"),
         source=model_source,
+        source_key=model_source_key,
     log:
         "logs/prepare_model/{model}.log",
     benchmark:

@@ -17,8 +17,10 @@ from coordgap.config.play import (
     is_served,
     template_fields,
     weights_source,
+    weights_source_key,
 )
 from coordgap.config.training import selected_checkpoints
+from coordgap.models.prepare import parse_source
 
 
 def check_cross_keys(config: dict[str, Any]) -> None:
@@ -123,14 +125,10 @@ def _check_source(name: str, entry: dict[str, Any]) -> None:
     source = weights_source(entry)
     if source is None or source.startswith(FILL_IN):
         return
-    # Imported here: coordgap.models.prepare imports this module.
-    from coordgap.models.prepare import parse_source
-
     try:
         parse_source(source)
     except ValueError as error:
-        key = f"models.{name}.source" if entry["kind"] == "local" else f"models.{name}.serve.source"
-        raise ConfigError(f"config key '{key}': {error}") from None
+        raise ConfigError(f"config key '{weights_source_key(name, entry)}': {error}") from None
 
 
 def _check_served(key: str, entry: dict[str, Any]) -> None:

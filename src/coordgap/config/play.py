@@ -180,3 +180,16 @@ def weights_source(entry: dict[str, Any]) -> str | None:
     if entry["kind"] == "local":
         return entry["source"]
     return entry["serve"]["source"] if is_served(entry) else None
+
+
+def weights_source_key(name: str, entry: dict[str, Any]) -> str:
+    """The config key that holds a model's weights source (see ``weights_source``).
+
+    Args:
+        name: The model's name in ``models:``.
+        entry: Its entry.
+
+    Returns:
+        ``models.<name>.source`` for a local model, ``models.<name>.serve.source`` else.
+    """
+    return f"models.{name}.source" if entry["kind"] == "local" else f"models.{name}.serve.source"
