@@ -290,14 +290,9 @@ def training_targets():
 
 
 
-def selected_base_entry(wildcards):
-    """The models entry of the base model of a selected checkpoint's run."""
-    return config["models"][config["training"]["runs"][wildcards.run]["base_model"]]
-
-
 def selected_episodes(wildcards):
     """Episodes per cell of a selected checkpoint: its base model's."""
-    return cell_episodes(config, config["training"]["runs"][wildcards.run]["base_model"])
+    return cell_episodes(config, run_entry(wildcards)["base_model"])
 
 
 def test_targets():

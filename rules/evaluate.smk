@@ -95,7 +95,7 @@ rule test_checkpoint:
         provenance="results/test/{run}@{policy}/n{size}.provenance.json",
     params:
         code=code_of("test_checkpoint"),
-        base=selected_base_entry,
+        base=run_base_entry,
         provenance=provenance_of("test"),
         environment=lookup(dpath="environment", within=config),
         episodes=selected_episodes,

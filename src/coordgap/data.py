@@ -84,6 +84,17 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+# Every file and folder of one training step is named step_<kkkk>: its checkpoint, rollouts,
+# history row, optimizer state and validation tables; the name is the checkpoint's value in
+# the episode tables' ``checkpoint`` column too.
+STEP_GLOB = "step_????"
+
+
+def step_label(step: int) -> str:
+    """The name of a step's checkpoint, tables and ``checkpoint`` column value."""
+    return f"step_{step:04d}"
+
+
 # The tables of a set of episodes by name (``n<N>.parquet``, ``.steps``, ``.transcripts``).
 TABLE_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "episodes": EPISODE_SCHEMA,

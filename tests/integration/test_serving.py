@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from coordgap.config.play import EnvironmentConfig, ModelSpec
+from coordgap.data import step_label
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol
-from coordgap.evaluation.checkpoints import CheckpointJob, step_label
+from coordgap.evaluation.checkpoints import CheckpointJob
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.policies.serving import SERVED_KEY_ENV, ServerStartError, launch, serve_model
 from coordgap.site import SITE_ENV

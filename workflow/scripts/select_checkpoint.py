@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.config.training import TrainingRunConfig
+from coordgap.data import STEP_GLOB
 from coordgap.evaluation.checkpoints import selection, write_json
 from coordgap.logs import job_log
 
@@ -12,8 +13,8 @@ with job_log(snakemake.log[0], "select_checkpoint") as log:
     chosen = selection(
         run=run,
         policies=[policy],
-        rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
-        validation=sorted(Path(snakemake.input.validation).glob("step_????.parquet")),
+        rollouts=sorted(Path(snakemake.input.rollouts).glob(f"{STEP_GLOB}.parquet")),
+        validation=sorted(Path(snakemake.input.validation).glob(f"{STEP_GLOB}.parquet")),
         intervals=snakemake.params.analysis,
     )["choices"][policy]
     write_json(chosen, Path(snakemake.output[0]))

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.config.training import TrainingRunConfig
+from coordgap.data import STEP_GLOB
 from coordgap.evaluation.checkpoints import selection, write_json
 from coordgap.logs import job_log
 
@@ -11,8 +12,8 @@ with job_log(snakemake.log[0], "summarize_selection"):
         selection(
             run=TrainingRunConfig.from_dict(snakemake.wildcards.run, snakemake.params.run),
             policies=snakemake.params.policies,
-            rollouts=sorted(Path(snakemake.input.rollouts).glob("step_????.parquet")),
-            validation=sorted(Path(snakemake.input.validation).glob("step_????.parquet")),
+            rollouts=sorted(Path(snakemake.input.rollouts).glob(f"{STEP_GLOB}.parquet")),
+            validation=sorted(Path(snakemake.input.validation).glob(f"{STEP_GLOB}.parquet")),
             intervals=snakemake.params.analysis,
         ),
         Path(snakemake.output[0]),

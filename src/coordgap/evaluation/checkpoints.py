@@ -20,7 +20,7 @@ import polars as pl
 
 from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
 from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share, is_served
-from coordgap.data import TABLE_SCHEMAS
+from coordgap.data import TABLE_SCHEMAS, step_label
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
     SelectionPolicy,
@@ -35,11 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from coordgap.config.training import TrainingRunConfig
-
-
-def step_label(step: int) -> str:
-    """The name of a checkpoint's folder and its ``checkpoint`` column value."""
-    return f"step_{step:04d}"
 
 
 def checkpoint_model(name: str, base: dict[str, Any], checkpoints: Path, step: int) -> ModelSpec:

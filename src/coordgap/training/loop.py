@@ -47,7 +47,13 @@ from tqdm import tqdm
 from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.config.training import Trainer
-from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, derive_seed, write_parquet_atomic
+from coordgap.data import (
+    TABLE_SCHEMAS,
+    EpisodeSeeds,
+    derive_seed,
+    step_label,
+    write_parquet_atomic,
+)
 from coordgap.env.protocols import TOOLS
 from coordgap.env.table import TurnOrder
 from coordgap.env.variants import RewardVariant, reward_expr
@@ -116,7 +122,7 @@ class RunOutputs:
 
     def checkpoint(self, step: int, root: Path | None = None) -> Path:
         """The adapter folder of checkpoint ``step`` (under ``root``, default the outputs)."""
-        return (root or self.root) / "checkpoints" / f"step_{step:04d}"
+        return (root or self.root) / "checkpoints" / step_label(step)
 
     def rollouts(self, root: Path | None = None) -> Path:
         """The folder of rollout episode tables (under ``root``, default the outputs)."""
@@ -136,7 +142,7 @@ class RunOutputs:
 def rollout_path(folder: Path, step: int, table: str) -> Path:
     """The file of one rollout table of ``step`` (``table``: episodes, steps, transcripts)."""
     suffix = "" if table == "episodes" else f".{table}"
-    return folder / f"step_{step:04d}{suffix}.parquet"
+    return folder / f"{step_label(step)}{suffix}.parquet"
 
 
 def training_scenario(run: TrainingRunConfig, first_scenario: int, step: int, group: int) -> int:
@@ -181,7 +187,7 @@ async def play_rollouts(
             log = await play_episode_graph(env, n, policy, table_rng)
         return log.tables(
             model=run.name,
-            checkpoint=f"step_{step:04d}",
+            checkpoint=step_label(step),
             n=n,
             episode=group * run.episodes_per_group + member,
             seeds=seeds,
@@ -253,10 +259,10 @@ class _WorkDir:
         return self.outputs.checkpoint(step, self.root)
 
     def optimizer(self, step: int) -> Path:
-        return self.root / "optimizer" / f"step_{step:04d}.pt"
+        return self.root / "optimizer" / f"{step_label(step)}.pt"
 
     def history(self, step: int) -> Path:
-        return self.root / "history" / f"step_{step:04d}.parquet"
+        return self.root / "history" / f"{step_label(step)}.parquet"
 
     def save_checkpoint(self, trainer: StepTrainer, step: int) -> None:
         """Write checkpoint ``step`` and the optimizer state through temporary names."""
