@@ -130,124 +130,44 @@ rule compute_monitors:
         "../workflow/scripts/compute_monitors.py"
 
 
-rule plot_reward:
-    input:
-        summary="results/stats/summary.csv",
-    output:
-        png=report(
-            "results/figures/reward_{variant}.png",
-            caption="../workflow/report/figure_reward.rst",
-            category="Figures",
-            labels={"figure": "reward by model and N", "variant": "{variant}"},
-        ),
-        pdf="results/figures/reward_{variant}.pdf",
-        csv="results/figures/reward_{variant}.csv",
-    params:
-        code=code_of("plot_reward"),
-    log:
-        "logs/plot_reward/{variant}.log",
-    benchmark:
-        "logs/plot_reward/{variant}.benchmark.tsv"
-    conda:
-        PROJECT_ENV
-    script:
-        "../workflow/scripts/plot_reward.py"
+# One plot rule per figure of the catalog (coordgap.analysis.catalog), named plot_<name>. The
+# caption param feeds the Snakemake report's caption (workflow/report/figure.rst).
+for figure in STATISTICS_FIGURES:
+    # logs/plot_<name>/<variant>.log, or plot_<name>.log for a figure drawn once.
+    log_stem = f"logs/plot_{figure.name}/" + (
+        "{variant}" if figure.per_variant else f"plot_{figure.name}"
+    )
 
-
-rule plot_deadlock:
-    input:
-        summary="results/stats/summary.csv",
-    output:
-        png=report(
-            "results/figures/deadlock.png",
-            caption="../workflow/report/figure_deadlock.rst",
-            category="Figures",
-            labels={"figure": "deadlock rate by model and N", "variant": "any"},
-        ),
-        pdf="results/figures/deadlock.pdf",
-        csv="results/figures/deadlock.csv",
-    params:
-        code=code_of("plot_deadlock"),
-    log:
-        "logs/plot_deadlock/plot_deadlock.log",
-    benchmark:
-        "logs/plot_deadlock/plot_deadlock.benchmark.tsv"
-    conda:
-        PROJECT_ENV
-    script:
-        "../workflow/scripts/plot_deadlock.py"
-
-
-rule plot_reward_vs_meals:
-    input:
-        episode_rewards="results/stats/episode_rewards.csv",
-    output:
-        png=report(
-            "results/figures/reward_vs_meals_{variant}.png",
-            caption="../workflow/report/figure_reward_vs_meals.rst",
-            category="Figures",
-            labels={"figure": "reward against meals", "variant": "{variant}"},
-        ),
-        pdf="results/figures/reward_vs_meals_{variant}.pdf",
-        csv="results/figures/reward_vs_meals_{variant}.csv",
-    params:
-        code=code_of("plot_reward_vs_meals"),
-    log:
-        "logs/plot_reward_vs_meals/{variant}.log",
-    benchmark:
-        "logs/plot_reward_vs_meals/{variant}.benchmark.tsv"
-    conda:
-        PROJECT_ENV
-    script:
-        "../workflow/scripts/plot_reward_vs_meals.py"
-
-
-rule plot_components:
-    input:
-        components="results/stats/components.csv",
-    output:
-        png=report(
-            "results/figures/components_{variant}.png",
-            caption="../workflow/report/figure_components.rst",
-            category="Figures",
-            labels={"figure": "reward by term", "variant": "{variant}"},
-        ),
-        pdf="results/figures/components_{variant}.pdf",
-        csv="results/figures/components_{variant}.csv",
-    params:
-        code=code_of("plot_components"),
-    log:
-        "logs/plot_components/{variant}.log",
-    benchmark:
-        "logs/plot_components/{variant}.benchmark.tsv"
-    conda:
-        PROJECT_ENV
-    script:
-        "../workflow/scripts/plot_components.py"
-
-
-rule plot_meals_by_seat:
-    input:
-        seats="results/stats/seats.csv",
-    output:
-        png=report(
-            "results/figures/meals_by_seat.png",
-            caption="../workflow/report/figure_meals_by_seat.rst",
-            category="Figures",
-            labels={"figure": "meals by seat", "variant": "any"},
-        ),
-        pdf="results/figures/meals_by_seat.pdf",
-        csv="results/figures/meals_by_seat.csv",
-    params:
-        code=code_of("plot_meals_by_seat"),
-    log:
-        "logs/plot_meals_by_seat/plot_meals_by_seat.log",
-    benchmark:
-        "logs/plot_meals_by_seat/plot_meals_by_seat.benchmark.tsv"
-    conda:
-        PROJECT_ENV
-    script:
-        "../workflow/scripts/plot_meals_by_seat.py"
+    rule:
+        name:
+            f"plot_{figure.name}"
+        input:
+            table=f"results/stats/{figure.table}.csv",
+        output:
+            png=report(
+                f"results/figures/{figure.stem}.png",
+                caption="../workflow/report/figure.rst",
+                category="Figures",
+                labels={
+                    "figure": figure.label,
+                    "variant": "{variant}" if figure.per_variant else "any",
+                },
+            ),
+            pdf=f"results/figures/{figure.stem}.pdf",
+            csv=f"results/figures/{figure.stem}.csv",
+        params:
+            code=code_of("plot_figure"),
+            figure=figure.name,
+            caption=figure.caption,
+        log:
+            f"{log_stem}.log",
+        benchmark:
+            f"{log_stem}.benchmark.tsv"
+        localrule: True
+        conda:
+            PROJECT_ENV
+        script:
+            "../workflow/scripts/plot_figure.py"
 
 
 rule plot_timeline:

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from snakemake.utils import available_cpu_count, validate
 
+from coordgap.analysis.catalog import STATISTICS_FIGURES, figure_catalog
 from coordgap.provenance import output_identity
 from coordgap.code import code_digest
 from coordgap.site import load_site
@@ -80,6 +81,8 @@ wildcard_constraints:
     variant="|".join(VARIANTS),
 
 
+# Quick jobs that run where Snakemake runs, never on a cluster node. The plot rules of the
+# figure catalog say so themselves (localrule: True in rules/analysis.smk).
 localrules:
     all,
     episodes,
@@ -93,11 +96,6 @@ localrules:
     summarize_selection,
     write_model_manifest,
     compute_power,
-    plot_reward,
-    plot_deadlock,
-    plot_reward_vs_meals,
-    plot_components,
-    plot_meals_by_seat,
     plot_timeline,
     plot_training,
     write_report,
@@ -366,13 +364,7 @@ def timeline_tables(wildcards):
 
 def report_figures():
     """The PNG of every statistics figure, in the report's order (the timeline apart)."""
-    return [
-        *expand("results/figures/reward_{variant}.png", variant=VARIANTS),
-        "results/figures/deadlock.png",
-        *expand("results/figures/reward_vs_meals_{variant}.png", variant=VARIANTS),
-        *expand("results/figures/components_{variant}.png", variant=VARIANTS),
-        "results/figures/meals_by_seat.png",
-    ]
+    return [f"results/figures/{stem}.png" for stem in figure_catalog(VARIANTS)]
 
 
 def final_targets():

@@ -19,6 +19,7 @@ import polars as pl
 import pytest
 import yaml
 
+from coordgap.analysis.catalog import STATISTICS_FIGURES
 from tests.conftest import JOB_HEADER, ROOT, copy_workflow, dry_run_jobs, run, tiny_training_config
 from tests.integration.fault_server import FaultServer, api_model_entry, ok
 
@@ -43,17 +44,8 @@ CLUSTER_RULES = {"generate_episodes", "compute_stats", "compare_models", "comput
 LOCAL_RULES = (
     {"all", "write_model_manifest", "compute_power", "write_report"}
     | {f"index_{phase}" for phase in ("training", "selections", "tests")}
-    | {
-        f"plot_{figure}"
-        for figure in (
-            "reward",
-            "deadlock",
-            "reward_vs_meals",
-            "components",
-            "meals_by_seat",
-            "timeline",
-        )
-    }
+    | {f"plot_{figure.name}" for figure in STATISTICS_FIGURES}
+    | {"plot_timeline"}
 )
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 

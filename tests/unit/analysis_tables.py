@@ -43,11 +43,13 @@ COMPARE = ComparisonConfig(
 MONITORS = MonitorConfig(
     weights=RewardWeights(),
     degenerate_reward=0.8,
-    degenerate_share=0.5,
-    all_think_share=0.5,
-    no_call_rate=0.5,
-    truncated_rate=0.01,
-    starvation_share=0.5,
+    thresholds={
+        "degenerate_share": 0.5,
+        "all_think_share": 0.5,
+        "no_call_rate": 0.5,
+        "truncated_rate": 0.01,
+        "starvation_share": 0.5,
+    },
 )
 
 ENV = EnvironmentConfig(

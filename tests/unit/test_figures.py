@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from coordgap.analysis import figures
+from coordgap.analysis.catalog import STATISTICS_FIGURES, FigureSpec, figure_catalog
 from coordgap.analysis.stats import (
     COMPONENT_SCHEMA,
     SEAT_COLUMNS,
@@ -131,6 +132,46 @@ def test_meals_by_seat_figure(stats: StatsOutputs, tmp_path: Path) -> None:
     csv = _draw_twice("meals_by_seat", stats.seats, tmp_path)
     columns = ["model", "n", "seat", *SEAT_COLUMNS]
     assert read_columns(csv, {c: SEAT_SCHEMA[c] for c in columns}).equals(seats.select(columns))
+
+
+@pytest.mark.parametrize("spec", STATISTICS_FIGURES, ids=lambda spec: spec.name)
+def test_every_catalog_figure_is_drawn_from_the_table_its_entry_names(
+    stats: StatsOutputs, tmp_path: Path, spec: FigureSpec
+) -> None:
+    # The rule plot_<name> reads results/stats/<table>.csv: a wrong table fails to read here.
+    for variant in CONFIG.variants if spec.per_variant else [None]:
+        csv = _draw_twice(spec.name, getattr(stats, spec.table), tmp_path, variant)
+        assert pl.read_csv(csv).height > 0
+
+
+def test_the_catalog_and_the_drawings_name_the_same_figures(stats: StatsOutputs, tmp_path: Path):
+    assert set(figures._DRAWINGS) == {spec.name for spec in STATISTICS_FIGURES}
+    files = [tmp_path / f"f.{ext}" for ext in ("png", "pdf", "csv")]
+    with pytest.raises(ValueError, match="unknown figure 'violin'; the figures are reward, "):
+        figures.write_figure("violin", stats.summary, *files)
+    with pytest.raises(ValueError, match="'reward' is drawn per reward variant; none was given"):
+        figures.write_figure("reward", stats.summary, *files)
+    assert not any(path.exists() for path in files)
+
+
+def test_the_catalog_gives_each_variant_its_own_figure_in_report_order() -> None:
+    catalog = figure_catalog(["paper", "shaped"])
+    assert list(catalog) == [
+        "reward_paper",
+        "reward_shaped",
+        "deadlock",
+        "reward_vs_meals_paper",
+        "reward_vs_meals_shaped",
+        "components_paper",
+        "components_shaped",
+        "meals_by_seat",
+    ]
+    assert catalog["components_shaped"][0] == "`shaped` reward by term"
+    assert catalog["deadlock"] == (
+        "Deadlock rate by model and N",
+        "The share of episodes that deadlocked, with Wilson score intervals.",
+    )
+    assert list(figure_catalog(["paper"]))[:2] == ["reward_paper", "deadlock"]
 
 
 def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path) -> None:

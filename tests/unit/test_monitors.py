@@ -75,7 +75,7 @@ def test_thresholds_decide_the_flags() -> None:
     row = monitor(episodes, THRESHOLDS).row(0, named=True)
     assert row["no_call_rate"] == pytest.approx(10 / 50)
     assert not row["no_call"]
-    looser = replace(THRESHOLDS, no_call_rate=0.2)
+    looser = replace(THRESHOLDS, thresholds={**THRESHOLDS.thresholds, "no_call_rate": 0.2})
     assert monitor(episodes, looser).row(0, named=True)["no_call"]
 
 
@@ -113,7 +113,7 @@ def test_errored_episodes_are_left_out_and_an_all_error_cell_is_null(tmp_path: P
     assert table.filter(pl.col("model") == "silent")["degenerate_share"].item() == 1.0
     row = table.filter(pl.col("model") == "broken").row(0, named=True)
     assert row["episodes"] == 0
-    assert all(row[share] is None for share, _ in MONITORS.values())
+    assert all(row[check.share] is None for check in MONITORS.values())
     assert all(row[name] is None for name in MONITORS)
     assert flagged(row) == []
     path = tmp_path / "monitors.csv"

@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 import yaml
 
+from coordgap.analysis.catalog import figure_catalog
 from coordgap.analysis.paper import check_published
-from coordgap.analysis.report import ReportInputs, figure_catalog, write_report
+from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.analysis.stats import summarize
 from coordgap.env.variants import RewardVariant
 from coordgap.provenance import Provenance, config_digest, git_commit

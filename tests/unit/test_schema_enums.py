@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coordgap.analysis.monitors import MONITORS
 from coordgap.config.play import ModelKind, ScriptedPolicy
 from coordgap.config.training import Trainer, TrainingRunConfig
 from coordgap.env.protocols import Protocol
@@ -64,3 +65,14 @@ def test_each_schema_enum_is_the_set_of_values_the_code_handles():
 def test_every_language_model_kind_has_a_backend_and_scripted_none():
     assert set(BACKENDS) == set(ModelKind) - {ModelKind.SCRIPTED}
     assert set(SCRIPTED_POLICIES) == set(ScriptedPolicy)
+
+
+def test_the_monitor_thresholds_of_the_schema_are_the_registered_monitors():
+    # MonitorConfig.from_dict reads every key but degenerate_reward as a monitor's threshold.
+    schema = yaml.safe_load(SCHEMA.read_text())
+    monitors = schema["properties"]["analysis"]["properties"]["monitors"]
+    shares = {check.share for check in MONITORS.values()}
+    assert (
+        set(monitors["properties"]) == set(monitors["required"]) == shares | {"degenerate_reward"}
+    )
+    assert monitors["additionalProperties"] is False

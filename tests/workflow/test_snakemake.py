@@ -101,7 +101,9 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     html = (tiny_workflow / "report.html").read_bytes()
     run(tiny_workflow, "snakemake", "--report", "again.html")
     assert (tiny_workflow / "again.html").read_bytes() == html
-    for caption in ("Newcombe", "Wilson", "starvation", "replaying the recorded decisions"):
+    # The statistics figures' captions come from their catalog entries (coordgap.analysis.catalog).
+    captions = ("Newcombe", "Wilson", "starvation", "replaying the recorded decisions")
+    for caption in (*captions, "the degenerate maximum: the score of not playing"):
         assert caption.encode() in html, caption
 
     # Incremental: each change reruns what depends on it, and never the episodes.
@@ -142,6 +144,11 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
         "env/variants.py": (
             ('"thru": pl.col("r_thru"),', '"thru": 0.5 * pl.col("r_thru"),'),
             changes["reward.weights.idle"][1] | {"plot_timeline"},
+        ),
+        # A figure's caption: its catalog is code every plot job and the report execute.
+        "analysis/catalog.py": (
+            ("The share of episodes that deadlocked", "The share of all episodes that deadlocked"),
+            figures | {"write_report"},
         ),
         # The table's step semantics: every episode, and all that follows from them; not the
         # indexes and the model manifest, whose code holds no table.

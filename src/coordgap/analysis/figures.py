@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 from matplotlib.ticker import MaxNLocator
 
+from coordgap.analysis.catalog import figure_spec
 from coordgap.analysis.stats import (
     COMPONENT_SCHEMA,
     SEAT_COLUMNS,
@@ -275,8 +276,9 @@ def _summary_columns(columns: Sequence[str]) -> dict[str, pl.DataType]:
     return {"model": pl.String(), "n": pl.Int64()} | dict.fromkeys(columns, pl.Float64())
 
 
-# Figure name -> (the columns it reads from its table, for a variant; how it is drawn).
-_FIGURES: dict[
+# How each figure of coordgap.analysis.catalog is drawn, by its name: the columns it reads
+# from its table (for a variant), and the function that draws it.
+_DRAWINGS: dict[
     str,
     tuple[
         Callable[[RewardVariant | None], dict[str, pl.DataType]],
@@ -293,9 +295,6 @@ _FIGURES: dict[
     "meals_by_seat": (lambda _: SEAT_SCHEMA, lambda seats, _: meals_by_seat_figure(seats)),
 }
 
-FIGURES = tuple(_FIGURES)
-"""The figures :func:`write_figure` draws."""
-
 
 def write_figure(
     figure: str,
@@ -305,20 +304,25 @@ def write_figure(
     csv: str | Path,
     variant: RewardVariant | str | None = None,
 ) -> None:
-    """Read a statistics table, draw one of ``FIGURES`` from it, and write it with its data.
+    """Read a statistics table, draw a figure of the catalog from it, and write it with its data.
 
     Args:
-        figure: The figure: ``reward``, ``reward_vs_meals`` and ``components`` (drawn per
-            reward variant) from the summary, episode-rewards and components tables;
-            ``deadlock`` from the summary; ``meals_by_seat`` from the seats table.
-        table_csv: That table, as written by :func:`coordgap.analysis.stats.write_stats`.
+        figure: The figure's name in :data:`coordgap.analysis.catalog.STATISTICS_FIGURES`.
+        table_csv: The table its entry names, as written by
+            :func:`coordgap.analysis.stats.write_stats`.
         png: Output PNG file.
         pdf: Output PDF file.
         csv: Output CSV file of the numbers shown.
         variant: The reward variant of a per-variant figure, or its name.
+
+    Raises:
+        ValueError: ``figure`` is not in the catalog, or a per-variant figure has no variant.
     """
+    spec = figure_spec(figure)
+    if spec.per_variant and variant is None:
+        raise ValueError(f"figure {figure!r} is drawn per reward variant; none was given")
     variant = None if variant is None else RewardVariant(variant)
-    columns, draw = _FIGURES[figure]
+    columns, draw = _DRAWINGS[spec.name]
     table = read_columns(table_csv, columns(variant))
     with styled():
         save_figure(*draw(table, variant), png, pdf, csv)

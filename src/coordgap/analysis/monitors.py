@@ -19,6 +19,7 @@ the report prints the flags beside the model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -27,25 +28,86 @@ from coordgap.analysis.stats import OK, load_episodes, write_csv
 from coordgap.env.variants import RewardVariant, reward_expr
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from coordgap.config.analysis import MonitorConfig
 
-# Monitor name -> (the cell's share column, the MonitorConfig threshold it is held to).
-MONITORS: dict[str, tuple[str, str]] = {
-    "degenerate": ("degenerate_share", "degenerate_share"),
-    "all_think": ("all_think_share", "all_think_share"),
-    "no_call": ("no_call_rate", "no_call_rate"),
-    "truncated": ("truncated_rate", "truncated_rate"),
-    "starvation": ("starvation_share", "starvation_share"),
+
+@dataclass(frozen=True)
+class Monitor:
+    """One degenerate-policy monitor: a share per model x N cell, flagged at a threshold.
+
+    Attributes:
+        share: The cell's share column; its threshold is ``analysis.monitors.<share>``.
+        definition: What the share counts, for the report; ``{c}`` is the ``MonitorConfig``.
+        cell_share: The share as an aggregation over a cell's episode rows, given the config.
+    """
+
+    share: str
+    definition: str
+    cell_share: Callable[[MonitorConfig], pl.Expr]
+
+
+def _share_of_episodes(
+    in_episode: Callable[[MonitorConfig], pl.Expr],
+) -> Callable[[MonitorConfig], pl.Expr]:
+    """The share of a cell's ok episodes for which ``in_episode`` holds."""
+    return lambda config: in_episode(config).filter(OK).mean()
+
+
+def _share_of_decisions(column: str) -> Callable[[MonitorConfig], pl.Expr]:
+    """The share of a cell's ok decisions that ``column`` counts; null without decisions."""
+    decisions = pl.col("decisions").filter(OK).sum()
+    return lambda _: pl.when(decisions > 0).then(pl.col(column).filter(OK).sum() / decisions)
+
+
+_NO_MEAL = pl.col("meals_total") == 0
+
+MONITORS: dict[str, Monitor] = {
+    "degenerate": Monitor(
+        share="degenerate_share",
+        definition="share of episodes without a meal scoring at least {c.degenerate_reward} "
+        "under the paper reward",
+        cell_share=_share_of_episodes(
+            lambda c: (
+                _NO_MEAL & (reward_expr(RewardVariant.PAPER, c.weights) >= c.degenerate_reward)
+            )
+        ),
+    ),
+    "all_think": Monitor(
+        share="all_think_share",
+        definition="share of episodes in which every action was a think",
+        cell_share=_share_of_episodes(
+            lambda _: (pl.col("actions") > 0) & (pl.col("think") == pl.col("actions"))
+        ),
+    ),
+    "no_call": Monitor(
+        share="no_call_rate",
+        definition="share of decisions without a parseable tool call",
+        cell_share=_share_of_decisions("no_call"),
+    ),
+    "truncated": Monitor(
+        share="truncated_rate",
+        definition="share of decisions cut off by the completion token limit before they held "
+        "a valid call (no_call to the reward; raise max_tokens)",
+        cell_share=_share_of_decisions("truncated"),
+    ),
+    "starvation": Monitor(
+        share="starvation_share",
+        definition="share of episodes in which a seat had no meal while another seat ate",
+        cell_share=_share_of_episodes(
+            lambda _: ~_NO_MEAL & (pl.col("meals_per_philosopher").list.min() == 0)
+        ),
+    ),
 }
+"""Every monitor by name (its flag column), in the order of the monitors table and report."""
 
 MONITOR_SCHEMA: dict[str, pl.DataType] = {
     "model": pl.String(),
     "n": pl.Int64(),
     "episodes": pl.Int64(),
-    **{share: pl.Float64() for share, _ in MONITORS.values()},
+    **{check.share: pl.Float64() for check in MONITORS.values()},
     **{name: pl.Boolean() for name in MONITORS},
 }
 
@@ -62,31 +124,17 @@ def monitor(episodes: pl.DataFrame, config: MonitorConfig) -> pl.DataFrame:
         then one boolean flag per monitor (share >= threshold). Shares and flags of a cell
         without ``ok`` episodes are null.
     """
-    paper = reward_expr(RewardVariant.PAPER, config.weights)
-    no_meal = pl.col("meals_total") == 0
-    per_episode = {
-        "degenerate_share": no_meal & (paper >= config.degenerate_reward),
-        "all_think_share": (pl.col("actions") > 0) & (pl.col("think") == pl.col("actions")),
-        "starvation_share": ~no_meal & (pl.col("meals_per_philosopher").list.min() == 0),
-    }
-    decisions = pl.col("decisions").filter(OK).sum()
     cells = (
         episodes.group_by("model", "n")
         .agg(
             OK.sum().cast(pl.Int64).alias("episodes"),
-            *(flag.filter(OK).mean().alias(name) for name, flag in per_episode.items()),
-            pl.when(decisions > 0)
-            .then(pl.col("no_call").filter(OK).sum() / decisions)
-            .alias("no_call_rate"),
-            pl.when(decisions > 0)
-            .then(pl.col("truncated").filter(OK).sum() / decisions)
-            .alias("truncated_rate"),
+            *(check.cell_share(config).alias(check.share) for check in MONITORS.values()),
         )
         .sort("model", "n")
     )
     flags = (
-        (pl.col(share) >= getattr(config, threshold)).alias(name)
-        for name, (share, threshold) in MONITORS.items()
+        (pl.col(check.share) >= config.thresholds[check.share]).alias(name)
+        for name, check in MONITORS.items()
     )
     return cells.with_columns(flags).select(list(MONITOR_SCHEMA))
 

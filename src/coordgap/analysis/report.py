@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import yaml
 
+from coordgap.analysis.catalog import figure_catalog
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
@@ -43,16 +44,6 @@ _DEFINITIONS: dict[RewardVariant, str] = {
     ),
 }
 
-_MONITOR_TEXT = {
-    "degenerate": "share of episodes without a meal scoring at least {c.degenerate_reward} "
-    "under the paper reward",
-    "all_think": "share of episodes in which every action was a think",
-    "no_call": "share of decisions without a parseable tool call",
-    "truncated": "share of decisions cut off by the completion token limit before they held a "
-    "valid call (no_call to the reward; raise max_tokens)",
-    "starvation": "share of episodes in which a seat had no meal while another seat ate",
-}
-
 
 @dataclass(frozen=True)
 class ReportInputs:
@@ -65,7 +56,7 @@ class ReportInputs:
         monitors: ``results/stats/monitors.csv``.
         paper_reference: ``config/paper_reference.yaml``.
         figures: The figures' PNG files, each with its data CSV beside it; shown in the order
-            of :func:`figure_catalog`.
+            of :func:`coordgap.analysis.catalog.figure_catalog`.
         timeline: The timeline figure's PNG (its CSV beside it).
         tables: Further statistics tables to link to (CSV), e.g. components and seats.
         selections: Every training run's ``selection.json``.
@@ -168,7 +159,7 @@ def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str
         f"observed |g| and alpha {power.alpha:g}: a description of the data, not evidence for "
         "or against an effect. Undefined statistics read n/a. The monitors' thresholds: "
         + "; ".join(
-            f"{name} {getattr(monitors, threshold):g}" for name, (_, threshold) in MONITORS.items()
+            f"{name} {monitors.thresholds[check.share]:g}" for name, check in MONITORS.items()
         )
         + "."
     )
@@ -303,9 +294,9 @@ def _power_section(power: pl.DataFrame) -> str:
 
 def _monitors_section(monitors: pl.DataFrame, config: MonitorConfig) -> str:
     definitions = "\n".join(
-        f"- `{name}`: {_MONITOR_TEXT[name].format(c=config)}; flagged at "
-        f"{getattr(config, threshold):g} or more"
-        for name, (_, threshold) in MONITORS.items()
+        f"- `{name}`: {check.definition.format(c=config)}; flagged at "
+        f"{config.thresholds[check.share]:g} or more"
+        for name, check in MONITORS.items()
     )
     header = ["Model", "N", "Episodes", *(f"{name}" for name in MONITORS), "Flags"]
     rows = [
@@ -313,7 +304,7 @@ def _monitors_section(monitors: pl.DataFrame, config: MonitorConfig) -> str:
             row["model"],
             str(row["n"]),
             str(row["episodes"]),
-            *(_number(row[share], 2) for share, _ in MONITORS.values()),
+            *(_number(row[check.share], 2) for check in MONITORS.values()),
             ", ".join(f"**{name}**" for name in flagged(row)),
         ]
         for row in monitors.iter_rows(named=True)
@@ -332,59 +323,6 @@ def _monitors_section(monitors: pl.DataFrame, config: MonitorConfig) -> str:
         "## Monitors\n\nDegenerate policies score well by not playing. Per model and N:\n\n"
         f"{definitions}\n\n" + _table(header, rows) + f"\n\nFlagged cells:\n\n{summary}"
     )
-
-
-# Every figure of the report, in order: its file stem (with {variant} for one figure per reward
-# variant), title and caption.
-_FIGURE_CATALOG = (
-    (
-        "reward_{variant}",
-        "Mean `{variant}` reward by model and N",
-        "Each model's mean episode reward with its percentile-bootstrap interval, side by side "
-        "at each table size.",
-    ),
-    (
-        "deadlock",
-        "Deadlock rate by model and N",
-        "The share of episodes that deadlocked, with Wilson score intervals.",
-    ),
-    (
-        "reward_vs_meals_{variant}",
-        "`{variant}` reward against meals, per episode",
-        "Every episode as one mark; the shaded band holds episodes without a meal and the dashed "
-        "line the best score reached without one. Marks on that line at zero meals are the "
-        "degenerate maximum: the score of not playing.",
-    ),
-    (
-        "components_{variant}",
-        "`{variant}` reward by term",
-        "Each model's mean reward split into its signed, weighted terms: rewards stacked up from "
-        "zero, penalties down; the diamond is their sum, the mean reward.",
-    ),
-    (
-        "meals_by_seat",
-        "Meals by seat",
-        "Mean meals per episode at each seat with bootstrap intervals: the audit of tie-breaks "
-        "and of seat-dependent policies (equal under a symmetric policy with random "
-        "tie-breaks).",
-    ),
-)
-
-
-def figure_catalog(variants: Sequence[RewardVariant]) -> dict[str, tuple[str, str]]:
-    """Give every figure of the report, by file stem, its title and caption, in report order.
-
-    Args:
-        variants: The configured reward variants.
-
-    Returns:
-        File stem (e.g. ``reward_paper``) -> (title, caption).
-    """
-    catalog: dict[str, tuple[str, str]] = {}
-    for stem, title, caption in _FIGURE_CATALOG:
-        for variant in variants if "{variant}" in stem else [None]:
-            catalog[stem.format(variant=variant)] = (title.format(variant=variant), caption)
-    return catalog
 
 
 def _figures_section(inputs: ReportInputs, out_md: Path, variants: Sequence[RewardVariant]) -> str:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from coordgap.env.variants import RewardVariant, RewardWeights
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,33 +104,24 @@ class MonitorConfig:
     Attributes:
         weights: Reward weights; the degenerate monitor scores episodes with the paper reward.
         degenerate_reward: A meal-less episode scoring at least this is degenerate.
-        degenerate_share: Flag a cell with at least this share of degenerate episodes.
-        all_think_share: Flag a cell with at least this share of episodes whose every action
-            was a think.
-        no_call_rate: Flag a cell with at least this share of decisions without a tool call.
-        truncated_rate: Flag a cell with at least this share of decisions cut off by the
-            completion token limit.
-        starvation_share: Flag a cell with at least this share of episodes in which a seat
-            went without a meal while another ate.
+        thresholds: Each monitor's threshold, by its share column
+            (``coordgap.analysis.monitors.MONITORS``): flag a cell whose share reaches it.
     """
 
     weights: RewardWeights
     degenerate_reward: float
-    degenerate_share: float
-    all_think_share: float
-    no_call_rate: float
-    truncated_rate: float
-    starvation_share: float
+    thresholds: Mapping[str, float]
 
     @classmethod
     def from_dict(cls, reward: dict[str, Any], monitors: dict[str, Any]) -> MonitorConfig:
-        """Build from the validated ``reward`` and ``analysis.monitors`` sections."""
+        """Build from the validated ``reward`` and ``analysis.monitors`` sections.
+
+        Every key of ``analysis.monitors`` but ``degenerate_reward`` is a threshold: the
+        schema admits exactly the monitors' share columns.
+        """
+        settings = dict(monitors)
         return cls(
             weights=RewardWeights.from_dict(reward),
-            degenerate_reward=float(monitors["degenerate_reward"]),
-            degenerate_share=float(monitors["degenerate_share"]),
-            all_think_share=float(monitors["all_think_share"]),
-            no_call_rate=float(monitors["no_call_rate"]),
-            truncated_rate=float(monitors["truncated_rate"]),
-            starvation_share=float(monitors["starvation_share"]),
+            degenerate_reward=float(settings.pop("degenerate_reward")),
+            thresholds=MappingProxyType({share: float(t) for share, t in settings.items()}),
         )
