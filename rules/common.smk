@@ -12,13 +12,7 @@ from coordgap.provenance import output_identity
 from coordgap.code import code_digest
 from coordgap.site import load_site
 from coordgap.config.checks import check_cross_keys
-from coordgap.config.play import (
-    cell_episodes,
-    generation_rule,
-    is_served,
-    weights_source,
-    weights_source_key,
-)
+from coordgap.config.play import ModelSpec, cell_episodes
 from coordgap.config.training import checkpoint_families, evaluated_steps, selected_checkpoints
 
 # ---------------------------------------------------------------- validation
@@ -32,13 +26,15 @@ SITE = load_site()
 # ---------------------------------------------------------------- constants
 
 MODELS = list(config["models"])
+# Each model as the class of its kind (coordgap.config.play): what its jobs need.
+MODEL_SPECS = {name: ModelSpec.from_dict(name, entry) for name, entry in config["models"].items()}
 # Models with prepared weights (resources/models/<name>), local or served with a source.
-PREPARED_MODELS = [name for name, entry in config["models"].items() if weights_source(entry)]
+PREPARED_MODELS = [name for name, model in MODEL_SPECS.items() if model.weights_source]
 
 
 def models_of(rule):
-    """The models whose cells the generation rule ``rule`` plays (coordgap.config)."""
-    return [name for name, entry in config["models"].items() if generation_rule(entry) == rule]
+    """The models whose cells the generation rule ``rule`` plays."""
+    return [name for name, model in MODEL_SPECS.items() if model.generation_rule == rule]
 
 
 # Models played through a server their own job starts (serve:), on a GPU.
@@ -173,11 +169,6 @@ def site_resources(gpus=0, gpu_memory_gb=0):
     return {key: of_job(key) for key in SITE.slurm.resource_keys()}
 
 
-def served_gpu_memory_gb(entry):
-    """GPU memory a job that serves or trains this model needs; 0 (any card) if not served."""
-    return entry["serve"]["gpu_memory_gb"] if is_served(entry) else 0
-
-
 def code_of(script):
     """A rule's code param: the digest of what its adapter ``script`` runs (coordgap.code).
 
@@ -194,12 +185,12 @@ def model_entry(wildcards):
 
 def model_source(wildcards):
     """The weights source of a local or served model."""
-    return weights_source(config["models"][wildcards.model])
+    return MODEL_SPECS[wildcards.model].weights_source
 
 
 def model_source_key(wildcards):
     """The config key of that source, for the job's error messages."""
-    return weights_source_key(wildcards.model, config["models"][wildcards.model])
+    return MODEL_SPECS[wildcards.model].weights_source_key
 
 
 def episodes_per_cell(wildcards):
@@ -216,13 +207,12 @@ def model_weights(wildcards):
 
 def model_gpus(wildcards):
     """GPUs a generation job uses: one for an in-process or served model, none otherwise."""
-    entry = config["models"][wildcards.model]
-    return int(entry["kind"] == "local" or is_served(entry))
+    return MODEL_SPECS[wildcards.model].gpus
 
 
 def model_gpu_memory_gb(wildcards):
     """GPU memory a generation job needs: its served model's (serve.gpu_memory_gb)."""
-    return served_gpu_memory_gb(config["models"][wildcards.model])
+    return MODEL_SPECS[wildcards.model].served_gpu_memory_gb
 
 
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
@@ -240,7 +230,7 @@ MODEL_THREADS = (
 
 def model_threads(wildcards):
     """Threads of a generation job: MODEL_THREADS for an in-process model, else one."""
-    return MODEL_THREADS if config["models"][wildcards.model]["kind"] == "local" else 1
+    return MODEL_THREADS if MODEL_SPECS[wildcards.model].in_process else 1
 
 
 def run_entry(wildcards):
@@ -255,12 +245,17 @@ def run_steps(wildcards):
 
 def run_base_entry(wildcards):
     """The models entry of the run's base model."""
-    return config["models"][run_entry(wildcards)["base_model"]]
+    return run_base_model(wildcards).entry
+
+
+def run_base_model(wildcards):
+    """The run's base model, as the class of its kind."""
+    return MODEL_SPECS[run_entry(wildcards)["base_model"]]
 
 
 def run_gpu_memory_gb(wildcards):
     """GPU memory a job that trains or plays the run's checkpoints needs: its base model's."""
-    return served_gpu_memory_gb(run_base_entry(wildcards))
+    return run_base_model(wildcards).served_gpu_memory_gb
 
 
 def run_weights(wildcards):
@@ -276,7 +271,7 @@ def trainer_env(wildcards):
 def checkpoint_env(wildcards):
     """The conda env of a job that plays a run's checkpoints: vLLM's when the run's base model
     is served (the server loads the adapter), the project's for an in-process base."""
-    return VLLM_ENV if is_served(run_base_entry(wildcards)) else PROJECT_ENV
+    return VLLM_ENV if run_base_model(wildcards).is_served else PROJECT_ENV
 
 
 def training_targets():

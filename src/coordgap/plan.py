@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.config.play import cell_episodes, generation_rule, is_served
+from coordgap.config.play import ModelSpec, cell_episodes
 from coordgap.config.training import TrainingRunConfig, evaluated_steps, selected_checkpoints
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def estimate(config: dict[str, Any], root: Path) -> list[Line]:
     rates = {name: _rates(config, name, root) for name in config["models"]}
     lines = []
     for name, entry in config["models"].items():
-        rule = generation_rule(entry)
+        rule = ModelSpec.from_dict(name, entry).generation_rule
         cells = [(size, cell_episodes(config, name)) for size in config["experiment"]["sizes"]]
         lines.append(_line(rule, name, cells, rounds, rates[name], _price(plan, name)))
     for run_name, entry in config["training"]["runs"].items():
@@ -159,7 +159,7 @@ def actual(config: dict[str, Any], root: Path) -> list[Line]:
     results, logs = root / "results", root / "logs"
     found: list[tuple[str, str, list[Path], list[Path]]] = []
     for name, entry in config["models"].items():
-        rule = generation_rule(entry)
+        rule = ModelSpec.from_dict(name, entry).generation_rule
         found.append(
             (rule, name, _tables(results / "episodes" / name), _benchmarks(logs / rule / name))
         )
@@ -190,7 +190,7 @@ def actual(config: dict[str, Any], root: Path) -> list[Line]:
                 tokens_in,
                 tokens_out,
                 _cost(_price(plan, model), tokens_in, tokens_out),
-                _wall_s(benchmarks) / 3600 if _uses_gpu(config, rule, model) else 0.0,
+                _wall_s(benchmarks) / 3600 if _uses_gpu(config, model) else 0.0,
                 "actual",
             )
         )
@@ -251,7 +251,7 @@ def write_csv(lines: Sequence[Line], path: Path) -> None:
 def api_key_variables(config: dict[str, Any]) -> list[str]:
     """The environment variables a run of the config needs, in config order."""
     names = (
-        entry["api_key_env"] for entry in config["models"].values() if entry["kind"] == "openai"
+        ModelSpec.from_dict(name, entry).api_key_env for name, entry in config["models"].items()
     )
     return list(dict.fromkeys(name for name in names if name is not None))
 
@@ -286,10 +286,10 @@ def _line(
 
 def _rates(config: dict[str, Any], name: str, root: Path) -> Rates:
     """A model's rates: measured from its earlier episodes where they exist, else assumed."""
-    entry, plan = config["models"][name], config["plan"]
-    language = entry["kind"] != "scripted"
-    rule = generation_rule(entry)
-    gpu = _uses_gpu(config, rule, name)
+    model, plan = ModelSpec.from_dict(name, config["models"][name]), config["plan"]
+    language = model.is_language_model
+    rule = model.generation_rule
+    gpu = _uses_gpu(config, name)
     tables = _tables(root / "results" / "episodes" / name)
     if not tables:
         return Rates(
@@ -297,7 +297,7 @@ def _rates(config: dict[str, Any], name: str, root: Path) -> Rates:
             tokens_out=plan["tokens_out_per_decision"] if language else 0,
             length=1.0,
             gpu_s=plan["gpu_seconds_per_decision"] if gpu else 0.0,
-            start_s=plan["server_start_s"] if is_served(entry) else 0.0,
+            start_s=plan["server_start_s"] if model.is_served else 0.0,
             basis="assumed",
         )
     frame = _episodes(tables)
@@ -308,7 +308,7 @@ def _rates(config: dict[str, Any], name: str, root: Path) -> Rates:
         tokens_out=frame["tokens_out"].sum() / decisions,
         length=decisions / int((frame["n"] * frame["rounds"]).sum()),
         gpu_s=(wall / decisions if wall else plan["gpu_seconds_per_decision"]) if gpu else 0.0,
-        start_s=0.0 if wall else plan["server_start_s"] * is_served(entry),
+        start_s=0.0 if wall else plan["server_start_s"] * model.is_served,
         basis=f"measured ({frame.height} episodes)",
     )
 
@@ -319,13 +319,11 @@ def _training_seconds(run: TrainingRunConfig, plan: dict[str, Any], root: Path) 
     return wall or run.steps * plan["gpu_seconds_per_training_step"]
 
 
-def _uses_gpu(config: dict[str, Any], rule: str, model: str) -> bool:
-    """Whether a rule's jobs for a model hold a GPU (their wall time is GPU time)."""
-    if rule == "generate_api_episodes":
-        return False
-    if rule == "generate_episodes":
-        return config["models"][model]["kind"] == "local"
-    return True
+def _uses_gpu(config: dict[str, Any], model: str) -> bool:
+    """Whether the jobs of a line's model, run or checkpoint hold a GPU (wall time is GPU time)."""
+    if model in config["models"]:  # a generation job: as its model's kind says
+        return ModelSpec.from_dict(model, config["models"][model]).gpus > 0
+    return True  # training and checkpoint jobs run the base model
 
 
 def _price(plan: dict[str, Any], model: str) -> dict[str, float] | None:

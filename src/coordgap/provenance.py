@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordgap.config.play import cell_episodes, weights_source
+from coordgap.config.play import ModelSpec, cell_episodes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -221,7 +221,7 @@ def output_identity(config: dict[str, Any], kind: str, name: str) -> dict[str, A
         "name": name,
         "config_digest": config_digest(sections),
         "sections": list(sections),
-        "model": _model_identity(model, config["models"][model]),
+        "model": ModelSpec.from_dict(model, config["models"][model]).identity(),
         "seeds": seeds,
     }
 
@@ -271,15 +271,3 @@ def check_records(config: dict[str, Any], records: Sequence[Path]) -> None:
             "rerun them (snakemake --forcerun <their rules>) or restore the config they were "
             "made with:\n  " + "\n  ".join(stale)
         )
-
-
-def _model_identity(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """A model's kind and where it comes from: its source and revision, or its endpoint."""
-    identity: dict[str, Any] = {"name": name, "kind": entry["kind"]}
-    if entry["kind"] == "openai":
-        identity |= {"provider": entry["provider"], "model": entry["model"]}
-    # The source names the revision where there is one (hf:<repo>@<revision>).
-    source = weights_source(entry)
-    if source is not None:
-        identity["source"] = source
-    return identity

@@ -21,7 +21,7 @@ from safetensors.numpy import save
 
 from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import ConfigError
-from coordgap.config.play import is_served
+from coordgap.config.play import ModelSpec
 from coordgap.models.manifest import write_manifest
 from coordgap.models.prepare import PROVENANCE, prepare_model
 from coordgap.policies.serving import launch
@@ -182,7 +182,11 @@ def test_the_config_check_names_the_key_of_a_source_that_pins_no_commit(config, 
 
 def test_the_paper_config_leaves_every_served_commit_to_fill_in():
     check_cross_keys(PAPER)
-    served = {name: entry for name, entry in PAPER["models"].items() if is_served(entry)}
+    served = {
+        name: entry
+        for name, entry in PAPER["models"].items()
+        if ModelSpec.from_dict(name, entry).is_served
+    }
     assert len(served) == 4
     for name, entry in served.items():
         # Each server reads its prepared folder, never a hub id of its own.

@@ -13,11 +13,9 @@ from coordgap.config.keys import FILL_IN, ConfigError
 from coordgap.config.play import (
     COMMAND_FIELDS,
     LORA_FIELDS,
+    ModelSpec,
     cell_episodes,
-    is_served,
     template_fields,
-    weights_source,
-    weights_source_key,
 )
 from coordgap.config.training import selected_checkpoints
 from coordgap.models.prepare import parse_source
@@ -34,7 +32,7 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     Raises:
         ConfigError: On the first problem, naming the offending key.
     """
-    models = config["models"]
+    models = {name: ModelSpec.from_dict(name, entry) for name, entry in config["models"].items()}
     known = set(models) | set(selected_checkpoints(config))
     for i, pair in enumerate(config["analysis"]["comparisons"]):
         for j, name in enumerate(pair):
@@ -47,16 +45,16 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     sizes = config["experiment"]["sizes"]
     if len(set(sizes)) != len(sizes):
         raise ConfigError("config key 'experiment.sizes': sizes must be distinct")
-    for name, entry in models.items():
-        if is_served(entry):
-            _check_served(f"models.{name}", entry)
-        _check_source(name, entry)
+    for name, model in models.items():
+        if model.is_served:
+            _check_served(f"models.{name}", model.entry)
+        _check_source(model)
     for name, run in config["training"]["runs"].items():
         _check_run(f"training.runs.{name}", run, models)
         if name in models:
             raise ConfigError(f"config key 'training.runs.{name}': a model has this name too")
     for name in config["plan"]["prices"]:
-        if name not in models or models[name]["kind"] != "openai" or is_served(models[name]):
+        if name not in models or not models[name].is_paid_api:
             raise ConfigError(
                 f"config key 'plan.prices.{name}': not a model behind a paid API (an openai "
                 "model without serve)"
@@ -116,19 +114,19 @@ def _check_scenarios(config: dict[str, Any]) -> None:
             )
 
 
-def _check_source(name: str, entry: dict[str, Any]) -> None:
+def _check_source(model: ModelSpec) -> None:
     """A model's weights source must parse, and a hub source must pin a commit.
 
     A ``FILL-IN`` placeholder passes: plans and dry runs accept it, and the job that would
     prepare the weights stops on it.
     """
-    source = weights_source(entry)
+    source = model.weights_source
     if source is None or source.startswith(FILL_IN):
         return
     try:
         parse_source(source)
     except ValueError as error:
-        raise ConfigError(f"config key '{weights_source_key(name, entry)}': {error}") from None
+        raise ConfigError(f"config key '{model.weights_source_key}': {error}") from None
 
 
 def _check_served(key: str, entry: dict[str, Any]) -> None:
@@ -171,25 +169,25 @@ def _check_art_overrides(key: str, run: dict[str, Any]) -> None:
             )
 
 
-def _check_run(key: str, run: dict[str, Any], models: dict[str, Any]) -> None:
+def _check_run(key: str, run: dict[str, Any], models: dict[str, ModelSpec]) -> None:
     """The cross-key rules of one training run (see ``check_cross_keys``)."""
     base = run["base_model"]
     if base not in models:
         raise ConfigError(f"config key '{key}.base_model': unknown model '{base}'")
-    entry = models[base]
-    if weights_source(entry) is None:
+    model = models[base]
+    if model.weights_source is None:
         raise ConfigError(
             f"config key '{key}.base_model': '{base}' has no weights to train; only local "
             "models and served models with serve.source can be trained"
         )
-    if run["trainer"] == "torch" and entry["kind"] != "local":
+    if run["trainer"] == "torch" and not model.in_process:
         raise ConfigError(
             f"config key '{key}.trainer': torch trains in-process models only; '{base}' is "
             "served, so use trainer: art"
         )
     if run["trainer"] == "art":
         _check_art_overrides(key, run)
-    if is_served(entry) and entry["serve"]["lora"] is None:
+    if model.is_served and model.entry["serve"]["lora"] is None:
         raise ConfigError(
             f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "
             "server needs the arguments that load a checkpoint's adapter"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from coordgap.env.protocols import Protocol
 from coordgap.env.table import TieBreak, TurnOrder
@@ -58,32 +58,210 @@ class ModelKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """One entry of ``models:``.
+    """One entry of ``models:``, as the class of its kind (``ModelSpec.from_dict`` picks it).
+
+    Each kind declares what the workflow needs to know about its models: the rule that plays
+    them, the GPUs and threads of that job, the weights it prepares, the identity that
+    provenance records, and the completion limit of a language model. How a model is opened
+    is its kind's entry in ``coordgap.policies.factory.BACKENDS``.
 
     Attributes:
         name: The model's slug (used in output paths).
-        kind: How it decides.
         entry: The validated config entry, kept whole: backends read their own settings
             from it, and it identifies the model's episodes in the resume journal.
     """
 
     name: str
-    kind: ModelKind
     entry: dict[str, Any]
 
+    kind: ClassVar[ModelKind]
+    """How the models of this class decide."""
+    in_process: ClassVar[bool] = False
+    """Whether the job itself runs the model (it gets every core the job may use)."""
+    is_language_model: ClassVar[bool] = True
+    """Whether it writes tokens (everything but a scripted policy)."""
+
     @property
-    def policy(self) -> ScriptedPolicy:
-        """The scripted policy of a ``scripted`` model."""
-        return ScriptedPolicy(self.entry["policy"])
+    def generation_rule(self) -> str:
+        """The Snakemake rule that plays the model's cells."""
+        return "generate_episodes"
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job that plays the model's cells holds."""
+        return 0
+
+    @property
+    def is_served(self) -> bool:
+        """Whether it is played through a server its own job starts (``serve:``)."""
+        return False
+
+    @property
+    def weights_source_key(self) -> str | None:
+        """The config key of its prepared weights' source, or None for a model without."""
+        return None
+
+    @property
+    def weights_source(self) -> str | None:
+        """Where its prepared weights come from (the value at ``weights_source_key``)."""
+        return None
+
+    @property
+    def served_gpu_memory_gb(self) -> float:
+        """GPU memory a job that serves or trains it needs; 0 (any card) if not served."""
+        return 0
+
+    @property
+    def own_episodes_per_cell(self) -> int | None:
+        """Its own episodes per cell, or None to play the experiment's."""
+        return None
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The environment variable that holds its API key, or None for a model without."""
+        return None
+
+    @property
+    def is_paid_api(self) -> bool:
+        """Whether its tokens are paid for: a hosted API, not a server of its own."""
+        return False
+
+    def identity(self) -> dict[str, Any]:
+        """What provenance records of it: its kind and where it comes from."""
+        identity: dict[str, Any] = {"name": self.name, "kind": self.kind.value}
+        # The source names the revision where there is one (hf:<repo>@<revision>).
+        if self.weights_source is not None:
+            identity["source"] = self.weights_source
+        return identity
 
     def settings(self) -> dict[str, Any]:
         """The entry as a plain dict (for fingerprints)."""
         return dict(self.entry)
 
-    @classmethod
-    def from_dict(cls, name: str, entry: dict[str, Any]) -> ModelSpec:
-        """Build from one validated ``models.<name>`` entry."""
-        return cls(name=name, kind=ModelKind(entry["kind"]), entry=dict(entry))
+    @staticmethod
+    def from_dict(name: str, entry: dict[str, Any]) -> ModelSpec:
+        """Build the model of its kind from one validated ``models.<name>`` entry."""
+        return MODEL_CLASSES[ModelKind(entry["kind"])](name=name, entry=dict(entry))
+
+
+class ScriptedModel(ModelSpec):
+    """A built-in scripted policy: no language model, no weights, nothing to serve."""
+
+    __slots__ = ()
+    kind = ModelKind.SCRIPTED
+    is_language_model = False
+
+    @property
+    def policy(self) -> ScriptedPolicy:
+        """Its scripted policy."""
+        return ScriptedPolicy(self.entry["policy"])
+
+
+class _LanguageModel(ModelSpec):
+    """A language model: it may play its own number of episodes per cell."""
+
+    __slots__ = ()
+
+    @property
+    def own_episodes_per_cell(self) -> int | None:
+        """The entry's ``episodes_per_cell``, or None to play the experiment's."""
+        count = self.entry["episodes_per_cell"]
+        return None if count is None else int(count)
+
+
+class LocalModel(_LanguageModel):
+    """A model the job runs in-process on its prepared weights (torch, on a GPU if there is one)."""
+
+    __slots__ = ()
+    kind = ModelKind.LOCAL
+    in_process = True
+
+    @property
+    def gpus(self) -> int:
+        """One: the job runs the model, on a GPU where there is one."""
+        return 1
+
+    @property
+    def weights_source_key(self) -> str:
+        """``models.<name>.source``."""
+        return f"models.{self.name}.source"
+
+    @property
+    def weights_source(self) -> str:
+        """The entry's ``source``."""
+        return self.entry["source"]
+
+    @property
+    def completion_limit(self) -> int:
+        """Tokens it may write per decision (``max_new_tokens``)."""
+        return int(self.entry["max_new_tokens"])
+
+
+class OpenAIModel(_LanguageModel):
+    """A chat model behind an OpenAI-compatible or provider API: hosted, or served by its job."""
+
+    __slots__ = ()
+    kind = ModelKind.OPENAI
+
+    @property
+    def generation_rule(self) -> str:
+        """A served model's server runs on a GPU, a hosted API needs none: two rules."""
+        return "generate_served_episodes" if self.is_served else "generate_api_episodes"
+
+    @property
+    def gpus(self) -> int:
+        """One for a served model (its server's), none for a hosted API."""
+        return int(self.is_served)
+
+    @property
+    def is_served(self) -> bool:
+        """Whether the entry has ``serve:``."""
+        return self.entry["serve"] is not None
+
+    @property
+    def weights_source_key(self) -> str | None:
+        """``models.<name>.serve.source`` of a served model."""
+        return f"models.{self.name}.serve.source" if self.is_served else None
+
+    @property
+    def weights_source(self) -> str | None:
+        """A served model's ``serve.source``."""
+        return self.entry["serve"]["source"] if self.is_served else None
+
+    @property
+    def served_gpu_memory_gb(self) -> float:
+        """A served model's ``serve.gpu_memory_gb``."""
+        return self.entry["serve"]["gpu_memory_gb"] if self.is_served else 0
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The entry's ``api_key_env``."""
+        return self.entry["api_key_env"]
+
+    @property
+    def completion_limit(self) -> int:
+        """Tokens it may write per decision (``max_tokens``)."""
+        return int(self.entry["max_tokens"])
+
+    @property
+    def is_paid_api(self) -> bool:
+        """True for a hosted API."""
+        return not self.is_served
+
+    def identity(self) -> dict[str, Any]:
+        """Its kind, provider and model id, and the source of a served model's weights."""
+        return super().identity() | {
+            "provider": self.entry["provider"],
+            "model": self.entry["model"],
+        }
+
+
+MODEL_CLASSES: dict[ModelKind, type[ModelSpec]] = {
+    ModelKind.SCRIPTED: ScriptedModel,
+    ModelKind.LOCAL: LocalModel,
+    ModelKind.OPENAI: OpenAIModel,
+}
+"""The class of each model kind; every kind has one (tested)."""
 
 
 def cell_episodes(config: dict[str, Any], model: str) -> int:
@@ -96,10 +274,8 @@ def cell_episodes(config: dict[str, Any], model: str) -> int:
     Returns:
         The number of episodes per N of that model.
     """
-    entry = config["models"][model]
-    if entry["kind"] != "scripted" and entry["episodes_per_cell"] is not None:
-        return int(entry["episodes_per_cell"])
-    return int(config["experiment"]["episodes_per_cell"])
+    own = ModelSpec.from_dict(model, config["models"][model]).own_episodes_per_cell
+    return int(config["experiment"]["episodes_per_cell"]) if own is None else own
 
 
 def accepted_error_share(config: dict[str, Any]) -> float:
@@ -138,58 +314,3 @@ def template_fields(template: Sequence[str]) -> set[str]:
         for _, field, _, _ in string.Formatter().parse(argument)
         if field is not None
     }
-
-
-def completion_limit(entry: dict[str, Any]) -> int:
-    """Tokens a language model may write per decision: ``max_new_tokens`` or ``max_tokens``.
-
-    Args:
-        entry: A ``local`` or ``openai`` entry of ``models:``.
-
-    Returns:
-        The limit.
-    """
-    return int(entry["max_new_tokens"] if entry["kind"] == "local" else entry["max_tokens"])
-
-
-def is_served(entry: dict[str, Any]) -> bool:
-    """Whether a model is played through a server its own job starts (``serve:``)."""
-    return entry["kind"] == "openai" and entry["serve"] is not None
-
-
-def generation_rule(entry: dict[str, Any]) -> str:
-    """The Snakemake rule that plays a model's cells.
-
-    Served models start their server on a GPU; hosted APIs need no GPU and may run on the
-    submit host; scripted and local models play inside the job.
-    """
-    if is_served(entry):
-        return "generate_served_episodes"
-    return "generate_api_episodes" if entry["kind"] == "openai" else "generate_episodes"
-
-
-def weights_source(entry: dict[str, Any]) -> str | None:
-    """Where a model's prepared weights come from: a local model's or a served one's source.
-
-    Args:
-        entry: A ``models:`` entry.
-
-    Returns:
-        The source, or None for a model without prepared weights.
-    """
-    if entry["kind"] == "local":
-        return entry["source"]
-    return entry["serve"]["source"] if is_served(entry) else None
-
-
-def weights_source_key(name: str, entry: dict[str, Any]) -> str:
-    """The config key that holds a model's weights source (see ``weights_source``).
-
-    Args:
-        name: The model's name in ``models:``.
-        entry: Its entry.
-
-    Returns:
-        ``models.<name>.source`` for a local model, ``models.<name>.serve.source`` else.
-    """
-    return f"models.{name}.source" if entry["kind"] == "local" else f"models.{name}.serve.source"

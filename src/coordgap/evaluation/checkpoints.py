@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
-from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share, is_served
+from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.data import TABLE_SCHEMAS, step_label
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
@@ -156,7 +156,7 @@ class CheckpointJob:
         with ExitStack() as stack:
             served = (
                 stack.enter_context(serve_models(models, self.weights, self.serve_host))
-                if is_served(self.base)
+                if ModelSpec.from_dict(name, self.base).is_served
                 else [None] * len(steps)
             )
             for step, server_side in zip(steps, served, strict=True):

@@ -7,7 +7,7 @@ from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from coordgap.config.keys import check_filled
-from coordgap.config.play import ModelKind, is_served
+from coordgap.config.play import ModelKind, ScriptedModel
 from coordgap.env.table import TurnOrder
 from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
 from coordgap.policies.scripted import make_scripted_policy
@@ -116,7 +116,7 @@ def open_policy_factory(
         ConfigError: The entry still holds a ``FILL-IN`` placeholder (names the key).
         ServerStartError: A served model's server did not start.
     """
-    if model.kind is ModelKind.SCRIPTED:
+    if isinstance(model, ScriptedModel):
 
         def scripted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
             return ScriptedAgentPolicy(make_scripted_policy(model.policy, n, env.protocol, rng))
@@ -126,7 +126,7 @@ def open_policy_factory(
         return
     check_filled(model.entry, f"models.{model.name}")
     with ExitStack() as stack:
-        if is_served(model.entry):
+        if model.is_served:
             model = stack.enter_context(serve_model(model, weights, serve_host))
         yield _prompted(open_backend(model, weights), env, templates), model.entry["max_in_flight"]
 

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from coordgap.config.play import completion_limit
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.site import load_site
 from coordgap.training._art import art
@@ -216,7 +215,7 @@ class ArtTrainer:
         apply_job_environment(site.scratch, wandb=site.wandb)
         check_requirements(run)
         self.run = run
-        self._base = base.entry
+        self._base = base
         self._backend = PackedRowsBackend(path=str(work.resolve()))
         self._internal = internal_config(run)
         self._model = art.TrainableModel(
@@ -248,7 +247,7 @@ class ArtTrainer:
             api_key_env=API_KEY_ENV,
             temperature=self.run.temperature,
             top_p=1.0,
-            max_tokens=completion_limit(self._base),
+            max_tokens=self._base.completion_limit,
             # As ART's own client sends them: the template renders as ART's trainer does.
             extra_body={"chat_template_kwargs": self._internal["chat_template_kwargs"]},
             tool_choice="auto",
