@@ -8,15 +8,22 @@
 
 from snakemake.utils import min_version
 
+from coordgap.config.overlays import resolve as resolve_config
+
 min_version("9.19")
 
 
-# The embedded default only when no --configfile is given: Snakemake would otherwise merge a
-# command-line config file into it key by key, so a study config could never drop a model of
-# the default. --config key=value overrides apply on top either way.
-if not workflow.overwrite_configfiles:
-
-    configfile: "config/config.yaml"
+# A study file is an overlay on its base (coordgap.config.overlays), which Snakemake's own
+# merge of config files cannot express (it never drops a key of the file underneath): the
+# config is resolved here from the files as given, the embedded default when none is, before
+# rules/common.smk validates it. --config key=value overrides apply last.
+RESOLVED = resolve_config(
+    workflow.overwrite_configfiles or ["config/config.yaml"], workflow.config_settings.config
+)
+config.clear()
+config.update(RESOLVED.config)
+# The bases too: the report lists the config files, and a remote job's source archive needs them.
+workflow.configfiles.extend(path for path in RESOLVED.files if path not in workflow.configfiles)
 
 
 # GPU limits from a profile serialise jobs on one workstation, not across a cluster's nodes.

@@ -4,7 +4,7 @@
 N, also a checkpoint's evaluation table) and draws it seat by seat and round by round: it
 prints the episode as text and writes the figure (PNG and PDF) with its timeline as CSV.
 
-``coordgap plan [--configfile X]`` estimates a study's decisions, tokens, API dollars and
+``coordgap plan [--configfile X [Y ...]]`` estimates a study's decisions, tokens, API dollars and
 GPU-hours per rule before anything runs (``coordgap.plan``), with what a run used so far
 beside the estimate, and lists the placeholders to fill in and the API keys to export.
 
@@ -66,8 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--configfile",
         type=Path,
-        default=Path("config/config.yaml"),
-        help="the study's config, validated as Snakemake validates it (default: %(default)s)",
+        nargs="+",
+        default=[Path("config/config.yaml")],
+        help=(
+            "the study's config files, resolved and validated as the Snakefile does "
+            "(overlays on their base, in order; default: config/config.yaml)"
+        ),
     )
     plan.add_argument(
         "--root",
@@ -132,25 +136,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _plan(configfile: Path, root: Path, csv_path: Path | None) -> int:
+def _plan(configfiles: Sequence[Path], root: Path, csv_path: Path | None) -> int:
     """Print the plan of a config; 1 when the config is invalid (the message names the key)."""
     # Imported here: the validator and polars are not needed to draw an episode.
-    import yaml
     from snakemake.utils import validate
 
     from coordgap.config.checks import check_cross_keys
     from coordgap.config.keys import unfilled_keys
+    from coordgap.config.overlays import resolve
     from coordgap.plan import actual, api_key_variables, estimate, render, write_csv
 
-    config = yaml.safe_load(configfile.read_text())
+    names = " ".join(map(str, configfiles))
     try:
+        config = resolve(configfiles).config
         validate(config, schema=str(root / "workflow" / "schemas" / "config.schema.yaml"))
         check_cross_keys(config)
-    except Exception as error:  # validate raises WorkflowError, the cross-key rules ConfigError
-        sys.stderr.write(f"{configfile}: {error}\n")
+    except Exception as error:  # validate raises WorkflowError, the rest ConfigError
+        sys.stderr.write(f"{names}: {error}\n")
         return 1
     lines = estimate(config, root)
-    sys.stdout.write(f"Plan of {configfile}\n\n{render(lines, actual(config, root))}")
+    sys.stdout.write(f"Plan of {names}\n\n{render(lines, actual(config, root))}")
     if keys := unfilled_keys(config, ""):
         sys.stdout.write("\nFill in before running: " + ", ".join(k[1:] for k in keys) + "\n")
     if variables := api_key_variables(config):

@@ -1,0 +1,125 @@
+"""Study configs as overlays on a base (coordgap.config.overlays), resolved before validation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from coordgap.config.keys import ConfigError
+from coordgap.config.overlays import merge, resolve
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+BASE = {
+    "seed": 1,
+    "models": {"a": {"kind": "scripted", "policy": "random"}, "b": {"kind": "local"}},
+    "sizes": [5, 10],
+}
+
+
+def _write(folder, name: str, keys: dict) -> str:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(keys, sort_keys=False))
+    return str(path)
+
+
+def test_mappings_merge_key_by_key_and_the_rest_replaces():
+    overlay = {"models": {"a": {"policy": "silent"}, "c": {"kind": "scripted"}}, "sizes": [5]}
+    merged = merge(BASE, overlay)
+    assert merged == {
+        "seed": 1,
+        "models": {
+            "a": {"kind": "scripted", "policy": "silent"},
+            "b": {"kind": "local"},
+            "c": {"kind": "scripted"},
+        },
+        "sizes": [5],
+    }
+    # The base's keys keep their order, a new one comes after; neither input changes.
+    assert list(merged["models"]) == ["a", "b", "c"]
+    assert BASE["models"]["a"]["policy"] == "random"
+    assert "c" not in BASE["models"]
+
+
+def test_a_replaced_mapping_drops_what_the_base_had():
+    merged = merge(BASE, {"models": {"c": {"kind": "scripted"}}}, replace=["models"])
+    assert merged["models"] == {"c": {"kind": "scripted"}}
+    # A dotted key names a nested mapping; a name holding a dot is matched whole.
+    base = {"models": {"qwen3-0.6b": {"serve": {"a": 1, "b": 2}}}}
+    overlay = {"models": {"qwen3-0.6b": {"serve": {"a": 3}}}}
+    assert merge(base, overlay, replace=["models.qwen3-0.6b.serve"]) == overlay
+
+
+def test_replacing_a_key_the_overlay_does_not_set_is_refused():
+    with pytest.raises(ConfigError, match=r"'replace' lists 'training\.runs', which this file"):
+        merge(BASE, {"models": {}}, replace=["training.runs"])
+
+
+def test_files_resolve_through_their_base_chain_then_in_order_then_overrides(tmp_path):
+    _write(tmp_path, "default.yaml", BASE)
+    # A base is relative to the file naming it, not to where the command runs.
+    _write(tmp_path, "studies/mid.yaml", {"base": "../default.yaml", "seed": 2, "sizes": [15]})
+    top = _write(tmp_path, "studies/top.yaml", {"base": "mid.yaml", "seed": 3})
+    tweak = _write(tmp_path, "tweak.yaml", {"replace": ["models"], "models": {"c": {}}})
+    resolved = resolve([top, tweak], {"sizes": [20]})
+    assert resolved.config == {"seed": 3, "models": {"c": {}}, "sizes": [20]}
+    assert [path.name for path in resolved.files] == [
+        "default.yaml",
+        "mid.yaml",
+        "top.yaml",
+        "tweak.yaml",
+    ]
+
+
+def test_a_missing_base_is_named_with_the_file_that_names_it(tmp_path):
+    study = _write(tmp_path, "study.yaml", {"base": "gone.yaml", "seed": 2})
+    with pytest.raises(ConfigError, match=r"study\.yaml: config key 'base': no such file .*gone"):
+        resolve([study])
+    with pytest.raises(ConfigError, match=r"nothing\.yaml: no such config file"):
+        resolve([tmp_path / "nothing.yaml"])
+
+
+def test_a_base_cycle_is_refused_naming_its_files(tmp_path):
+    _write(tmp_path, "a.yaml", {"base": "b.yaml", "seed": 1})
+    b = _write(tmp_path, "b.yaml", {"base": "a.yaml", "seed": 2})
+    with pytest.raises(ConfigError, match=r"a\.yaml: config key 'base' makes a cycle: .*b\.yaml"):
+        resolve([b])
+    itself = _write(tmp_path, "self.yaml", {"base": "self.yaml"})
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        resolve([itself])
+
+
+def test_only_the_first_file_names_a_base(tmp_path):
+    first = _write(tmp_path, "first.yaml", BASE)
+    second = _write(tmp_path, "second.yaml", {"base": "first.yaml", "seed": 2})
+    with pytest.raises(ConfigError, match=r"second\.yaml: config key 'base': only the first"):
+        resolve([first, second])
+
+
+def test_a_bad_replace_is_named_with_its_file(tmp_path):
+    _write(tmp_path, "default.yaml", BASE)
+    study = _write(tmp_path, "s.yaml", {"base": "default.yaml", "replace": ["model"], "models": {}})
+    with pytest.raises(ConfigError, match=r"s\.yaml: config key 'replace' lists 'model'"):
+        resolve([study])
+    study = _write(tmp_path, "s.yaml", {"base": "default.yaml", "replace": "models"})
+    with pytest.raises(ConfigError, match=r"s\.yaml: config key 'replace' is a list"):
+        resolve([study])
+
+
+def test_an_unknown_key_of_an_overlay_is_named_by_the_schema(tmp_path):
+    study = _write(
+        tmp_path,
+        "study.yaml",
+        {"base": str(ROOT / "config" / "config.yaml"), "evaluation": {"evry": 1}},
+    )
+    config = resolve([study]).config
+    with pytest.raises(WorkflowError, match="evry"):
+        validate(
+            copy.deepcopy(config), schema=str(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+        )
