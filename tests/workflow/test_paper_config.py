@@ -11,6 +11,7 @@ from snakemake.utils import validate
 
 from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import unfilled_keys
+from coordgap.config.overlays import resolve
 from coordgap.config.play import cell_episodes
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, dry_run_jobs, planned, run
 
@@ -192,7 +193,7 @@ def test_the_slurm_profile_sizes_the_paper_gpu_jobs(tmp_path):
 
 
 def test_the_gpu_smoke_config_plans_the_jobs_the_readme_states(tmp_path):
-    smoke = yaml.safe_load((ROOT / "config" / "gpu_smoke.yaml").read_text())
+    smoke = resolve([ROOT / "config" / "gpu_smoke.yaml"]).config  # an overlay on paper.yaml
     validate(copy.deepcopy(smoke), schema=str(SCHEMA))
     check_cross_keys(smoke)
     # Only the commit to pin is left to fill in.
