@@ -116,7 +116,7 @@ class _Layer:
 
 
 def _chain(path: Path, below: tuple[Path, ...]) -> list[_Layer]:
-    """The layers of a file, its farthest base first; ``below``: the files that based on it."""
+    """The layers of a file, its farthest base first; ``below``: the files resting on it."""
     layer = _load(path)
     if layer.base is None:
         return [layer]
