@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from coordgap.config.play import accepted_error_share
 from coordgap.config.training import TrainingRunConfig
 from coordgap.evaluation.checkpoints import CheckpointJob
 from coordgap.logs import job_log
@@ -14,7 +15,10 @@ with job_log(snakemake.log[0], "evaluate_checkpoints") as log:
     n = run.n_at(run.steps - 1)
     episodes = snakemake.params.episodes
     log.info("run %s, checkpoints %s: %d episodes each at N=%d", run.name, steps, episodes, n)
-    CheckpointJob.of(snakemake).validate(
-        run.name, steps, n, episodes, folder=Path(snakemake.output.validation)
-    )
+    CheckpointJob.of(
+        snakemake.params,
+        snakemake.input,
+        snakemake.resources.serve_host,
+        accepted_error_share(snakemake.config),
+    ).validate(run.name, steps, n, episodes, folder=Path(snakemake.output.validation))
     write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

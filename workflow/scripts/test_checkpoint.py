@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from coordgap.agents.runner import CellOutputs
+from coordgap.config.play import accepted_error_share
 from coordgap.evaluation.checkpoints import CheckpointJob, chosen_step
 from coordgap.logs import job_log
 from coordgap.provenance import write_record
@@ -12,7 +13,12 @@ with job_log(snakemake.log[0], "test_checkpoint") as log:
     name = f"{wildcards.run}@{wildcards.policy}"
     step = chosen_step(Path(snakemake.input.choice))
     log.info("%s is checkpoint %d; N=%s", name, step, wildcards.size)
-    CheckpointJob.of(snakemake).play(
+    CheckpointJob.of(
+        snakemake.params,
+        snakemake.input,
+        snakemake.resources.serve_host,
+        accepted_error_share(snakemake.config),
+    ).play(
         name,
         step,
         n=int(wildcards.size),

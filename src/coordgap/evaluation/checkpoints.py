@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
-from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share
+from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.data import TABLE_SCHEMAS, step_label
 from coordgap.env.observation import PromptTemplates
 from coordgap.evaluation.selection import (
@@ -73,18 +73,34 @@ class CheckpointJob:
     max_error_share: float = 0.0
 
     @classmethod
-    def of(cls, job: Any) -> CheckpointJob:
-        """The settings of a job, from the ``snakemake`` object of its script."""
+    def of(
+        cls,
+        params: Mapping[str, Any],
+        inputs: Mapping[str, str],
+        serve_host: str,
+        max_error_share: float,
+    ) -> CheckpointJob:
+        """The settings of a job from what both rules declare alike.
+
+        Args:
+            params: The rule's ``base``, ``environment``, ``seed`` and ``first_scenario``.
+            inputs: The rule's ``checkpoints``, ``weights`` and ``prompts`` paths.
+            serve_host: Its ``serve_host`` resource.
+            max_error_share: The largest share of ``error`` episodes a cell may have.
+
+        Returns:
+            The job's settings.
+        """
         return cls(
-            base=job.params.base,
-            checkpoints=Path(job.input.checkpoints),
-            env=EnvironmentConfig.from_dict(job.params.environment),
-            base_seed=job.params.seed,
-            first_scenario=job.params.first_scenario,
-            weights=Path(job.input.weights),
-            templates=PromptTemplates.load(job.input.prompts),
-            serve_host=job.resources.serve_host,
-            max_error_share=accepted_error_share(job.config),
+            base=params["base"],
+            checkpoints=Path(inputs["checkpoints"]),
+            env=EnvironmentConfig.from_dict(params["environment"]),
+            base_seed=params["seed"],
+            first_scenario=params["first_scenario"],
+            weights=Path(inputs["weights"]),
+            templates=PromptTemplates.load(inputs["prompts"]),
+            serve_host=serve_host,
+            max_error_share=max_error_share,
         )
 
     def play(
