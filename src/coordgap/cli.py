@@ -4,9 +4,14 @@
 N, also a checkpoint's evaluation table) and draws it seat by seat and round by round: it
 prints the episode as text and writes the figure (PNG and PDF) with its timeline as CSV.
 
-``coordgap plan [--configfile X [Y ...]]`` estimates a study's decisions, tokens, API dollars and
-GPU-hours per rule before anything runs (``coordgap.plan``), with what a run used so far
-beside the estimate, and lists the placeholders to fill in and the API keys to export.
+``coordgap plan [--configfile X [Y ...]] [--config KEY=VALUE ...]`` estimates a study's
+decisions, tokens, API dollars and GPU-hours per rule before anything runs (``coordgap.plan``),
+with what a run used so far beside the estimate, and lists the placeholders to fill in and the
+API keys to export.
+
+``coordgap config [--configfile X [Y ...]] [--config KEY=VALUE ...] [--out FILE]`` writes the
+resolved, validated config a study's files make (``coordgap.config.overlays``) as one complete
+YAML file: what to diff, archive, or give DVC as its params file.
 
 ``coordgap art-runtime`` builds ART's vLLM runtime once, into the cache that the site file's
 scratch folder gives GPU jobs (``coordgap.training.art_runtime``; ``make art-runtime``).
@@ -63,23 +68,41 @@ def _parser() -> argparse.ArgumentParser:
             "What a run used so far is shown beside each estimate."
         ),
     )
-    plan.add_argument(
-        "--configfile",
-        type=Path,
-        nargs="+",
-        default=[Path("config/config.yaml")],
-        help=(
-            "the study's config files, resolved and validated as the Snakefile does "
-            "(overlays on their base, in order; default: config/config.yaml)"
+    plan.add_argument("--csv", type=Path, help="also write the estimate's lines to this CSV")
+    resolved = commands.add_parser(
+        "config",
+        help="write the resolved config of a study's files as one complete YAML file",
+        description=(
+            "Resolve the config files as the Snakefile does (each overlay on its base, the "
+            "files in order, --config last), validate the result, and write it as one "
+            "complete YAML file, every key written out."
         ),
     )
-    plan.add_argument(
-        "--root",
-        type=Path,
-        default=Path(),
-        help="the project folder: its workflow/schemas, results/ and logs/ (default: here)",
-    )
-    plan.add_argument("--csv", type=Path, help="also write the estimate's lines to this CSV")
+    resolved.add_argument("--out", type=Path, help="write it to this file (default: stdout)")
+    for command in (plan, resolved):
+        command.add_argument(
+            "--configfile",
+            type=Path,
+            nargs="+",
+            default=[Path("config/config.yaml")],
+            help=(
+                "the study's config files, resolved and validated as the Snakefile does "
+                "(overlays on their base, in order; default: config/config.yaml)"
+            ),
+        )
+        command.add_argument(
+            "--config",
+            nargs="+",
+            default=[],
+            metavar="KEY=VALUE",
+            help="overrides applied last, parsed as Snakemake parses its --config",
+        )
+        command.add_argument(
+            "--root",
+            type=Path,
+            default=Path(),
+            help="the project folder: its workflow/schemas, results/ and logs/ (default: here)",
+        )
     commands.add_parser(
         "art-runtime",
         help="build ART's vLLM runtime into the GPU jobs' cache (needs network access)",
@@ -110,8 +133,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "plan":
-        return _plan(args.configfile, args.root, args.csv)
+    if args.command in ("plan", "config"):
+        names = " ".join(map(str, args.configfile))
+        try:
+            config = _resolved(args.configfile, args.config, args.root)
+        except Exception as error:  # validate raises WorkflowError, the rest ConfigError
+            sys.stderr.write(f"{names}: {error}\n")
+            return 1
+        if args.command == "config":
+            return _write_config(config, args.out)
+        return _plan(config, names, args.root, args.csv)
     if args.command == "art-runtime":
         return _art_runtime()
     table: Path = args.table
@@ -136,24 +167,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _plan(configfiles: Sequence[Path], root: Path, csv_path: Path | None) -> int:
-    """Print the plan of a config; 1 when the config is invalid (the message names the key)."""
-    # Imported here: the validator and polars are not needed to draw an episode.
+def _resolved(configfiles: Sequence[Path], overrides: Sequence[str], root: Path) -> dict:
+    """The config the Snakefile would run on these files and overrides, validated.
+
+    Raises:
+        ConfigError: A file, overlay or cross-key rule is wrong (the message names the key).
+        WorkflowError: The schema refuses the config (the message names the key).
+        ValueError: An override is not ``KEY=VALUE``.
+    """
+    # Imported here: the validator is not needed to draw an episode.
+    from snakemake.cli import parse_config
     from snakemake.utils import validate
 
     from coordgap.config.checks import check_cross_keys
-    from coordgap.config.keys import unfilled_keys
     from coordgap.config.overlays import resolve
+
+    config = resolve(configfiles, parse_config(overrides)).config
+    validate(config, schema=str(root / "workflow" / "schemas" / "config.schema.yaml"))
+    check_cross_keys(config)
+    return config
+
+
+def _write_config(config: dict, out: Path | None) -> int:
+    """Write a resolved config as YAML, in the files' key order."""
+    import yaml
+
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+    return 0
+
+
+def _plan(config: dict, names: str, root: Path, csv_path: Path | None) -> int:
+    """Print the plan of a validated config."""
+    # Imported here: polars is not needed to draw an episode.
+    from coordgap.config.keys import unfilled_keys
     from coordgap.plan import actual, api_key_variables, estimate, render, write_csv
 
-    names = " ".join(map(str, configfiles))
-    try:
-        config = resolve(configfiles).config
-        validate(config, schema=str(root / "workflow" / "schemas" / "config.schema.yaml"))
-        check_cross_keys(config)
-    except Exception as error:  # validate raises WorkflowError, the rest ConfigError
-        sys.stderr.write(f"{names}: {error}\n")
-        return 1
     lines = estimate(config, root)
     sys.stdout.write(f"Plan of {names}\n\n{render(lines, actual(config, root))}")
     if keys := unfilled_keys(config, ""):

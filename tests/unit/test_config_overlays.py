@@ -9,6 +9,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from coordgap.cli import main
 from coordgap.config.keys import ConfigError
 from coordgap.config.overlays import merge, resolve
 from tests.conftest import ROOT
@@ -123,3 +124,23 @@ def test_an_unknown_key_of_an_overlay_is_named_by_the_schema(tmp_path):
         validate(
             copy.deepcopy(config), schema=str(ROOT / "workflow" / "schemas" / "config.schema.yaml")
         )
+
+
+def test_coordgap_config_writes_the_resolved_study_with_its_overrides(tmp_path):
+    study = ROOT / "config" / "interventions.yaml"
+    out = tmp_path / "resolved.yaml"
+    argv = ["config", "--root", str(ROOT), "--configfile", str(study), "--config", "seed=7"]
+    assert main([*argv, "--out", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())
+    assert written == resolve([study], {"seed": 7}).config
+    assert written["seed"] == 7
+    assert "base" not in written
+    # The written file is a complete config: resolved on its own it is itself.
+    assert resolve([out]).config == written
+
+
+def test_an_override_that_breaks_the_config_is_named_before_anything_runs(tmp_path, capsys):
+    argv = ["--root", str(ROOT), "--configfile", str(ROOT / "config" / "config.yaml")]
+    for command in ("config", "plan"):
+        assert main([command, *argv, "--config", "seed=-1"]) == 1
+        assert "seed" in capsys.readouterr().err

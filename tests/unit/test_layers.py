@@ -28,6 +28,11 @@ PLAY = (
     *("env.table", "env.protocols", "env.observation", "env.reward", "episodes", "data"),
     *("policies", "agents", "config.play", "config.keys"),
 )
+# What every phase may use: records, seeds and tables, resume state, logs, the config.
+SHARED = (
+    *("provenance", "intervals", "site", "data", "preemption", "resume", "logs", "code"),
+    "config",
+)
 # Each rule: the modules it covers, and the prefixes none of them may import, transitively.
 RULES = {
     "play": (
@@ -40,10 +45,7 @@ RULES = {
     "analysis": (("analysis",), ("policies", "agents", "episodes", "training", "evaluation")),
     "training": (("training",), ("evaluation", "analysis", "plan", "cli")),
     "evaluation": (("evaluation",), ("training", "analysis", "plan", "cli")),
-    "shared": (
-        ("provenance", "intervals", "site", "data", "preemption", "logs", "code", "config"),
-        ("analysis", "training", "evaluation", "agents", "policies", "plan", "cli"),
-    ),
+    "shared": (SHARED, ("analysis", "training", "evaluation", "agents", "policies", "plan", "cli")),
 }
 
 

@@ -12,7 +12,9 @@ import asyncio
 import copy
 import dataclasses
 import json
+import logging
 import random
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +30,7 @@ from coordgap.episodes import transcript_row
 from coordgap.policies.local import template_kwargs
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
-from coordgap.training.loop import play_rollouts, rollout_rewards
+from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs, rollout_rewards
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import (
     DecisionChoice,
@@ -126,11 +128,22 @@ def trainer(smollm2_dir: Path) -> TorchGRPOTrainer:
     return TorchGRPOTrainer(smollm2_dir, tiny_run(), BASE)
 
 
-@pytest.fixture(scope="module")
-def rollouts(trainer: TorchGRPOTrainer) -> dict[str, pl.DataFrame]:
-    """One step's rollout tables, played by the untrained adapter."""
+def play_step(trainer: TorchGRPOTrainer, folder: Path) -> dict[str, pl.DataFrame]:
+    """Step 0's rollout tables under the trainer's current policy, journalled in ``folder``."""
     run = tiny_run()
-    return asyncio.run(play_rollouts(trainer.sampler(), run, tiny_env(), TEMPLATES, 11, 0, 0))
+    cell = rollout_cell(run, tiny_env(), 11, 0, 0)
+    outputs = rollout_outputs(folder, 0)
+    return asyncio.run(
+        play_rollouts(trainer.sampler(), cell, outputs, TEMPLATES, run.max_in_flight)
+    )
+
+
+@pytest.fixture(scope="module")
+def rollouts(
+    trainer: TorchGRPOTrainer, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, pl.DataFrame]:
+    """One step's rollout tables, played by the untrained adapter."""
+    return play_step(trainer, tmp_path_factory.mktemp("rollouts"))
 
 
 def trainable_groups(rollouts: dict[str, pl.DataFrame], run) -> list[art.TrajectoryGroup]:
@@ -245,6 +258,28 @@ def test_rollout_tables_rebuild_the_history_rewards(rollouts: dict[str, pl.DataF
     choices = rollout_choices(episodes, rollouts["transcripts"])
     assert sum(choices[f"actions_{tool}"] for tool in SIX) == pytest.approx(1.0)
     assert 0 < choices["entropy_mean"] < torch.log(torch.tensor(6.0)).item()
+
+
+def test_a_steps_rollouts_resume_from_their_journal(
+    trainer: TorchGRPOTrainer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run killed mid-rollouts keeps the episodes it finished and replays the others alone."""
+    whole = play_step(trainer, tmp_path / "whole")
+    journal = rollout_outputs(tmp_path / "whole", 0).journal
+    killed = rollout_outputs(tmp_path / "killed", 0).journal
+    shutil.copytree(journal, killed)
+    for part in killed.glob("e000001.*"):
+        part.unlink()
+    with caplog.at_level(logging.INFO, logger="coordgap.agents.runner"):
+        resumed = play_step(trainer, tmp_path / "killed")
+    assert "tiny n=3 step_0000: 1 journalled, 1 to play" in caplog.text
+    for table, frame in whole.items():
+        # Episode 1 played again from its own seeds; only call latencies differ.
+        assert (
+            resumed[table]
+            .drop("latency_s", strict=False)
+            .equals(frame.drop("latency_s", strict=False))
+        ), table
 
 
 # --- the objective ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from coordgap.config.play import EnvironmentConfig, ModelSpec
+from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log
@@ -25,6 +25,7 @@ with job_log(snakemake.log[0], "train_grpo") as log:
         base_seed=snakemake.params.seed,
         first_scenario=snakemake.params.first_scenario,
         outputs=RunOutputs(Path(snakemake.output.history).parent, run.steps),
+        max_error_share=accepted_error_share(snakemake.config),
     )
     # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
     write_record(snakemake.output.provenance, snakemake.params.provenance, root=Path.cwd())

@@ -9,7 +9,12 @@ journal is merged, in episode order, into the final tables and removed.
 
 SIGTERM or SIGINT (Slurm preemption, Ctrl-C) cancels the episodes in flight: they are dropped,
 never journalled half-played, and the job exits non-zero within seconds (``coordgap.preemption``),
-so the rerun plays exactly the episodes that are not in the journal.
+so the rerun plays exactly the episodes that are not in the journal. The journal is a
+``coordgap.resume.ResumeFolder``, the same primitive a training run resumes from.
+
+Every episode of the study is played here: generation cells, each checkpoint's validation and
+test cells (``coordgap.evaluation.checkpoints``), and a training step's rollouts
+(``coordgap.training.loop``), whose GRPO groups are a cell with ``group_size`` set.
 
 A cell in which too many episodes ended in ``error`` (a call that failed in transport after its
 retries) is not written: a table of error episodes would look like a finished cell while the
@@ -39,6 +44,7 @@ from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, write_parquet_atomic
 from coordgap.policies.factory import open_policy_factory
+from coordgap.resume import ResumeFolder
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,7 +113,21 @@ class CellOutputs:
 
 @dataclass(frozen=True)
 class Cell:
-    """What identifies a cell's episodes: changing any of it changes the episodes."""
+    """What identifies a cell's episodes: changing any of it changes the episodes.
+
+    Attributes:
+        model: The model's name (a training run's, for its rollouts).
+        n: Philosophers at the table.
+        env: The table rules.
+        episodes: Episodes in the cell.
+        base_seed: The config's seed; every seed derives from it (see ``EpisodeSeeds``).
+        first_scenario: The scenario of episode 0.
+        model_settings: The model's settings, which decide its episodes.
+        checkpoint: What the ``checkpoint`` column says.
+        group_size: None: episode ``k`` plays scenario ``first_scenario + k``. A size ``G``:
+            the episodes form groups of ``G`` (a training step's GRPO groups) that share
+            scenario ``first_scenario + k // G``, member ``m`` seeded as ``<model>/<m>``.
+    """
 
     model: str
     n: int
@@ -117,6 +137,24 @@ class Cell:
     first_scenario: int
     model_settings: dict[str, Any]
     checkpoint: str = "base"
+    group_size: int | None = None
+
+    def seeds(self, index: int) -> EpisodeSeeds:
+        """The seeds of episode ``index``."""
+        if self.group_size is None:
+            return EpisodeSeeds.derive(
+                self.base_seed, self.first_scenario + index, self.n, self.model
+            )
+        group, member = divmod(index, self.group_size)
+        return EpisodeSeeds.derive(
+            self.base_seed, self.first_scenario + group, self.n, f"{self.model}/{member}"
+        )
+
+    @property
+    def label(self) -> str:
+        """The cell in messages: ``gpt-5.4 n=5``, with its checkpoint if not the base model."""
+        checkpoint = "" if self.checkpoint == "base" else f" {self.checkpoint}"
+        return f"{self.model} n={self.n}{checkpoint}"
 
     def fingerprint(self) -> str:
         """A canonical JSON rendering, stored with the journal."""
@@ -145,13 +183,7 @@ class _Progress:
 
 def _open_journal(cell: Cell, outputs: CellOutputs) -> set[int]:
     """Create or reuse the journal; return the episodes it already holds."""
-    journal = outputs.journal
-    stamp = journal / "fingerprint.json"
-    if journal.exists() and (not stamp.exists() or stamp.read_text() != cell.fingerprint()):
-        logger.warning("discarding a journal written with other settings: %s", journal)
-        shutil.rmtree(journal)
-    journal.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(cell.fingerprint())
+    journal = ResumeFolder(outputs.journal, cell.fingerprint()).root
     return {int(p.name.split(".")[0][1:]) for p in journal.glob("e*.episodes.parquet")}
 
 
@@ -186,19 +218,15 @@ async def run_cell(
     """
     done = _open_journal(cell, outputs)
     todo = [i for i in range(cell.episodes) if i not in done]
-    logger.info("%s n=%d: %d journalled, %d to play", cell.model, cell.n, len(done), len(todo))
-    checkpoint = "" if cell.checkpoint == "base" else f" {cell.checkpoint}"
-    label = f"{cell.model} n={cell.n}{checkpoint}"
-    bar = _Progress(cell.episodes, len(done), label) if progress else None
+    logger.info("%s: %d journalled, %d to play", cell.label, len(done), len(todo))
+    bar = _Progress(cell.episodes, len(done), cell.label) if progress else None
     gate = asyncio.Semaphore(max_in_flight)
     played = 0
 
     async def play(index: int) -> None:
         nonlocal played
         async with gate:
-            seeds = EpisodeSeeds.derive(
-                cell.base_seed, cell.first_scenario + index, cell.n, cell.model
-            )
+            seeds = cell.seeds(index)
             table_rng, policy_rng = seeds.generators()
             policy = make_policy(cell.n, seeds.policy, policy_rng)
             log = await play_episode_graph(cell.env, cell.n, policy, table_rng)
@@ -218,9 +246,8 @@ async def run_cell(
         await asyncio.gather(*(play(i) for i in todo))
     except asyncio.CancelledError:
         logger.warning(
-            "%s n=%d cancelled: %d of %d episodes journalled, the ones in flight dropped",
-            cell.model,
-            cell.n,
+            "%s cancelled: %d of %d episodes journalled, the ones in flight dropped",
+            cell.label,
             len(done) + played,
             cell.episodes,
         )
@@ -243,9 +270,8 @@ def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> N
     if len(failed) / cell.episodes <= max_error_share:
         if failed:
             logger.warning(
-                "%s n=%d: %d of %d episodes ended in error (within max_error_share %s)",
-                cell.model,
-                cell.n,
+                "%s: %d of %d episodes ended in error (within max_error_share %s)",
+                cell.label,
                 len(failed),
                 cell.episodes,
                 max_error_share,
@@ -257,7 +283,20 @@ def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> N
     for index in failed:
         for table in ("episodes", "steps", "transcripts"):
             _journal_part(journal, index, table).unlink()
-    raise CellErrors(f"{cell.model} n={cell.n}", len(failed), cell.episodes, max_error_share, kinds)
+    raise CellErrors(cell.label, len(failed), cell.episodes, max_error_share, kinds)
+
+
+def read_journal(cell: Cell, outputs: CellOutputs) -> dict[str, pl.DataFrame]:
+    """A complete journal's tables, each part in episode order, by table name."""
+    return {
+        table: pl.concat(
+            [
+                pl.read_parquet(_journal_part(outputs.journal, i, table))
+                for i in range(cell.episodes)
+            ]
+        )
+        for table in TABLE_SCHEMAS
+    }
 
 
 def merge_journal(cell: Cell, outputs: CellOutputs, journal: CellOutputs | None = None) -> None:
@@ -269,11 +308,10 @@ def merge_journal(cell: Cell, outputs: CellOutputs, journal: CellOutputs | None 
         journal: The outputs whose journal holds the parts, if not ``outputs``' own; it is
             removed once the tables are written.
     """
-    folder = (journal or outputs).journal
-    for table in TABLE_SCHEMAS:
-        parts = [_journal_part(folder, i, table) for i in range(cell.episodes)]
-        write_parquet_atomic(pl.concat([pl.read_parquet(p) for p in parts]), outputs.path(table))
-    shutil.rmtree(folder)
+    source = journal or outputs
+    for table, frame in read_journal(cell, source).items():
+        write_parquet_atomic(frame, outputs.path(table))
+    shutil.rmtree(source.journal)
 
 
 def generate_cell(

@@ -279,7 +279,7 @@ def cell_episodes(config: dict[str, Any], model: str) -> int:
 
 
 def accepted_error_share(config: dict[str, Any]) -> float:
-    """The largest share of ``error`` episodes a cell may have and still be written.
+    """The largest share of ``error`` episodes a cell, or a training step's rollouts, may have.
 
     Jobs read it from the config, not from their params: it decides whether a cell is accepted,
     not what its episodes are, so changing it must not replay the cells already written (paid

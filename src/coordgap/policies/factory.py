@@ -128,13 +128,26 @@ def open_policy_factory(
     with ExitStack() as stack:
         if model.is_served:
             model = stack.enter_context(serve_model(model, weights, serve_host))
-        yield _prompted(open_backend(model, weights), env, templates), model.entry["max_in_flight"]
+        policies = prompted_policies(open_backend(model, weights), env, templates)
+        yield policies, model.entry["max_in_flight"]
 
 
-def _prompted(
+def prompted_policies(
     backend: ChatBackend, env: EnvironmentConfig, templates: PromptTemplates
 ) -> PolicyFactory:
-    """The per-episode policy factory of a language model."""
+    """The per-episode policy factory of a language model on an open chat backend.
+
+    Every language model's episodes are played by these policies: a cell's, and a training
+    step's rollouts with the policy being trained.
+
+    Args:
+        backend: The model's chat backend.
+        env: The table rules (whether the agents act at once).
+        templates: Prompt templates.
+
+    Returns:
+        A factory ``(n, episode seed, policy rng) -> policy``.
+    """
 
     def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
         return LLMAgentPolicy(

@@ -1,12 +1,12 @@
 """A training run, step by step: rollouts with the current adapter, one update, one checkpoint.
 
 Step ``k`` (0-based) plays ``groups_per_step`` groups of ``episodes_per_group`` episodes with
-checkpoint ``k`` (checkpoint 0 is the untrained adapter), through the same LangGraph agents and
-episode recorder as every other episode, at the curriculum's table size. Group ``g`` plays
-training scenario ``first_scenario + k * groups_per_step + g``: all its episodes face the same
-table randomness and differ only in their own sampling. The update then turns the rollouts
-into ART trajectory groups (``trajectories``) and trains on them, which gives checkpoint
-``k + 1``.
+checkpoint ``k`` (checkpoint 0 is the untrained adapter), at the curriculum's table size, as one
+cell of ``coordgap.agents.runner``: the same service, agents and episode recorder as every other
+episode. Group ``g`` plays training scenario ``first_scenario + k * groups_per_step + g``: all
+its episodes face the same table randomness and differ only in their own sampling. The update
+then turns the rollouts into ART trajectory groups (``trajectories``) and trains on them, which
+gives checkpoint ``k + 1``.
 
 Outputs, written when the run is complete:
 
@@ -15,19 +15,19 @@ Outputs, written when the run is complete:
 * ``rollouts/step_<kkkk>.{parquet,steps.parquet,transcripts.parquet}``: every rollout
   episode in the episode-table contract, so the training curve can be rebuilt from data.
 
-Resume: a run works in ``.resume/`` beside its outputs (Snakemake deletes a failed job's
-declared outputs, so resume state must live outside them). Each finished step is committed
+Resume: a run works in ``.resume/`` beside its outputs, a ``coordgap.resume.ResumeFolder``
+(fingerprinted by the run's settings, as a cell's journal is). Each finished step is committed
 there atomically: its rollouts, its history row, the next checkpoint and the optimizer state
 are written first, and ``state.json`` last, so a run killed at any moment restarts from its last
-committed step. Every step's randomness derives from (seed, run, step) - the scenarios, the
-sampling and the generators ART's preprocessing shuffles with - so no generator state needs
-saving: a resumed run repeats the uninterrupted one. The folder carries a fingerprint of the
-run's settings; one written under other settings is discarded.
+committed step. Within a step, the rollouts are journalled episode by episode as any cell's
+are, so a run killed during its rollouts, or during the update that follows them, plays only
+the rollouts it had not finished. Every step's randomness derives from (seed, run, step) - the
+scenarios, the sampling and the generators ART's preprocessing shuffles with - so no generator
+state needs saving: a resumed run repeats the uninterrupted one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -45,20 +45,14 @@ import torch
 from tqdm import tqdm
 
 from coordgap import preemption
-from coordgap.agents.graphs import play_episode_graph
+from coordgap.agents.runner import Cell, CellOutputs, merge_journal, read_journal, run_cell
 from coordgap.config.training import Trainer
-from coordgap.data import (
-    TABLE_SCHEMAS,
-    EpisodeSeeds,
-    derive_seed,
-    step_label,
-    write_parquet_atomic,
-)
+from coordgap.data import derive_seed, step_label, write_parquet_atomic
 from coordgap.env.protocols import TOOLS
-from coordgap.env.table import TurnOrder
 from coordgap.env.variants import RewardVariant, reward_expr
-from coordgap.policies.adapters import LLMAgentPolicy
+from coordgap.policies.factory import prompted_policies
 from coordgap.preemption import preemptible
+from coordgap.resume import ResumeFolder, replace_path, write_text_atomic
 from coordgap.training.history import HISTORY_SCHEMA
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import trajectory_groups
@@ -139,10 +133,9 @@ class RunOutputs:
         return self.root / ".resume"
 
 
-def rollout_path(folder: Path, step: int, table: str) -> Path:
-    """The file of one rollout table of ``step`` (``table``: episodes, steps, transcripts)."""
-    suffix = "" if table == "episodes" else f".{table}"
-    return folder / f"{step_label(step)}{suffix}.parquet"
+def rollout_outputs(folder: Path, step: int) -> CellOutputs:
+    """The rollout tables of ``step`` in ``folder``: ``step_<kkkk>.parquet`` and the others."""
+    return CellOutputs.at(folder / step_label(step))
 
 
 def training_scenario(run: TrainingRunConfig, first_scenario: int, step: int, group: int) -> int:
@@ -150,60 +143,64 @@ def training_scenario(run: TrainingRunConfig, first_scenario: int, step: int, gr
     return first_scenario + step * run.groups_per_step + group
 
 
+def rollout_cell(
+    run: TrainingRunConfig, env: EnvironmentConfig, base_seed: int, first_scenario: int, step: int
+) -> Cell:
+    """Step ``step``'s rollouts as a cell: episode ``g * E + e`` is member ``e`` of group ``g``.
+
+    Args:
+        run: The training run.
+        env: The table rules.
+        base_seed: The config's seed.
+        first_scenario: The first training scenario id (``scenarios.train``).
+        step: The step; checkpoint ``step`` plays it.
+
+    Returns:
+        The cell, with the run's name as its model and the checkpoint's label.
+    """
+    return Cell(
+        model=run.name,
+        n=run.n_at(step),
+        env=env,
+        episodes=run.groups_per_step * run.episodes_per_group,
+        base_seed=base_seed,
+        first_scenario=training_scenario(run, first_scenario, step, 0),
+        model_settings=run.settings(),
+        checkpoint=step_label(step),
+        group_size=run.episodes_per_group,
+    )
+
+
 async def play_rollouts(
     sampler: ChatBackend,
-    run: TrainingRunConfig,
-    env: EnvironmentConfig,
+    cell: Cell,
+    outputs: CellOutputs,
     templates: PromptTemplates,
-    base_seed: int,
-    first_scenario: int,
-    step: int,
+    max_in_flight: int,
+    max_error_share: float = 0.0,
 ) -> dict[str, pl.DataFrame]:
-    """Play one step's rollout episodes with the current policy.
+    """Play one step's rollouts with the current policy, resuming its journal.
+
+    The journal is left complete, not merged: the step's commit merges it
+    (``merge_journal``), so a run killed before then replays nothing of the step.
 
     Args:
         sampler: The current policy.
-        run: The training run.
-        env: The table rules.
+        cell: The step's rollouts (``rollout_cell``).
+        outputs: Where its tables will go; the journal sits beside them.
         templates: Prompt templates.
-        base_seed: The config's seed.
-        first_scenario: The first training scenario id (``scenarios.train``).
-        step: The step.
+        max_in_flight: Episodes played at once.
+        max_error_share: The largest share of ``error`` rollouts the step may have.
 
     Returns:
-        The step's episode, step and transcript tables (episode ``g * E + e`` is member ``e``
-        of group ``g``).
+        The step's episode, step and transcript tables, in episode order.
+
+    Raises:
+        CellErrors: More than ``max_error_share`` of the rollouts ended in ``error``.
     """
-    n = run.n_at(step)
-    gate = asyncio.Semaphore(run.max_in_flight)
-    simultaneous = env.turn_order is TurnOrder.SIMULTANEOUS
-
-    async def play(group: int, member: int) -> dict[str, list[dict[str, Any]]]:
-        scenario = training_scenario(run, first_scenario, step, group)
-        seeds = EpisodeSeeds.derive(base_seed, scenario, n, f"{run.name}/{member}")
-        table_rng, _ = seeds.generators()
-        policy = LLMAgentPolicy(sampler, templates, seeds.policy, simultaneous)
-        async with gate:
-            log = await play_episode_graph(env, n, policy, table_rng)
-        return log.tables(
-            model=run.name,
-            checkpoint=step_label(step),
-            n=n,
-            episode=group * run.episodes_per_group + member,
-            seeds=seeds,
-        )
-
-    played = await asyncio.gather(
-        *(
-            play(group, member)
-            for group in range(run.groups_per_step)
-            for member in range(run.episodes_per_group)
-        )
-    )
-    return {
-        table: pl.DataFrame([row for parts in played for row in parts[table]], schema=schema)
-        for table, schema in TABLE_SCHEMAS.items()
-    }
+    policies = prompted_policies(sampler, cell.env, templates)
+    await run_cell(cell, outputs, policies, max_in_flight, False, max_error_share, merge=False)
+    return read_journal(cell, outputs)
 
 
 def rollout_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[str, Any]:
@@ -241,13 +238,8 @@ class _WorkDir:
 
     def __init__(self, outputs: RunOutputs, fingerprint: str) -> None:
         self.outputs = outputs
-        self.root = outputs.work
-        stamp = self.root / "fingerprint.json"
-        if self.root.exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
-            logger.warning("discarding resume state written with other settings: %s", self.root)
-            shutil.rmtree(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        _write_atomic(stamp, fingerprint)
+        self.folder = ResumeFolder(outputs.work, fingerprint)
+        self.root = self.folder.root
 
     @property
     def step(self) -> int | None:
@@ -264,12 +256,17 @@ class _WorkDir:
     def history(self, step: int) -> Path:
         return self.root / "history" / f"{step_label(step)}.parquet"
 
+    def rollouts(self, step: int) -> CellOutputs:
+        """Step ``step``'s rollout tables, and beside them its journal while it plays."""
+        return rollout_outputs(self.outputs.rollouts(self.root), step)
+
     def save_checkpoint(self, trainer: StepTrainer, step: int) -> None:
         """Write checkpoint ``step`` and the optimizer state through temporary names."""
         folder = self.checkpoint(step)
         staging = folder.with_name(f".{folder.name}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         trainer.save(staging)
+        _sort_target_modules(staging / "adapter_config.json")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
         path = self.optimizer(step)
@@ -280,7 +277,7 @@ class _WorkDir:
 
     def commit(self, step: int) -> None:
         """Mark checkpoint ``step`` and everything before it as done."""
-        _write_atomic(self.root / "state.json", json.dumps({"step": step}))
+        write_text_atomic(self.root / "state.json", json.dumps({"step": step}))
         for old in self.optimizer(step).parent.glob("step_*.pt"):
             if old != self.optimizer(step):
                 old.unlink()
@@ -288,24 +285,22 @@ class _WorkDir:
     def publish(self) -> None:
         """Move the finished run into its declared outputs and remove the resume folder."""
         for step in range(self.outputs.steps + 1):
-            _replace(self.checkpoint(step), self.outputs.checkpoint(step))
-        _replace(self.outputs.rollouts(self.root), self.outputs.rollouts())
+            replace_path(self.checkpoint(step), self.outputs.checkpoint(step))
+        replace_path(self.outputs.rollouts(self.root), self.outputs.rollouts())
         history = [pl.read_parquet(self.history(step)) for step in range(self.outputs.steps)]
         write_parquet_atomic(pl.concat(history), self.outputs.history)
-        shutil.rmtree(self.root)
+        self.folder.remove()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(text)
-    os.replace(staged, path)
+def _sort_target_modules(config: Path) -> None:
+    """Write an adapter config's ``target_modules`` sorted, in PEFT's own JSON layout.
 
-
-def _replace(source: Path, dest: Path) -> None:
-    """Move ``source`` to ``dest``, replacing whatever is there."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(source, dest)
+    PEFT writes the list from a set, whose order follows the process's salted string hashes:
+    unsorted, one adapter would be different bytes (and a different DVC hash) in every run.
+    """
+    settings = json.loads(config.read_text())
+    settings["target_modules"] = sorted(settings["target_modules"])
+    config.write_text(json.dumps(settings, indent=2, sort_keys=True))
 
 
 def train(
@@ -317,14 +312,17 @@ def train(
     base_seed: int,
     first_scenario: int,
     progress: bool,
+    max_error_share: float,
 ) -> None:
     """Run the steps after the last committed one, committing each (see the module docstring).
 
     SIGTERM and SIGINT abandon the step in progress at once (``coordgap.preemption``), but
-    never a commit, so the rerun continues from the last whole step.
+    never a commit, so the rerun continues from the last whole step and the step's journalled
+    rollouts.
 
     Raises:
         Preempted: A signal stopped the run.
+        CellErrors: More than ``max_error_share`` of a step's rollouts ended in ``error``.
     """
     trainer.start()
     bar = tqdm(
@@ -344,9 +342,11 @@ def train(
                 work.commit(0)
         for step in range(work.step, run.steps):
             begin = time.perf_counter()
+            cell = rollout_cell(run, env, base_seed, first_scenario, step)
+            rollouts = work.rollouts(step)
             tables = preemption.run(
                 play_rollouts(
-                    trainer.sampler(), run, env, templates, base_seed, first_scenario, step
+                    trainer.sampler(), cell, rollouts, templates, run.max_in_flight, max_error_share
                 )
             )
             rolled = time.perf_counter()
@@ -370,10 +370,7 @@ def train(
                 "seconds": time.perf_counter() - begin,
             }
             with guard.deferred():
-                for table, frame in tables.items():
-                    write_parquet_atomic(
-                        frame, rollout_path(work.outputs.rollouts(work.root), step, table)
-                    )
+                merge_journal(cell, rollouts)
                 write_parquet_atomic(pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step))
                 work.save_checkpoint(trainer, step + 1)
                 work.commit(step + 1)
@@ -426,11 +423,14 @@ def train_run(
     first_scenario: int,
     outputs: RunOutputs,
     progress: bool = True,
+    max_error_share: float = 0.0,
 ) -> None:
     """Train a run to its last step (resuming a killed one) and write its outputs.
 
     Raises:
         Preempted: A signal stopped the run; its committed steps are kept for the rerun.
+        CellErrors: More than ``max_error_share`` of a step's rollouts ended in ``error``;
+            the step's other rollouts stay journalled for the rerun.
 
     Args:
         run: The training run.
@@ -442,6 +442,9 @@ def train_run(
         first_scenario: The first training scenario id (``scenarios.train``).
         outputs: Where the run's outputs go.
         progress: Show a progress bar on stderr.
+        max_error_share: The largest share of ``error`` rollouts a step may have
+            (``experiment.max_error_share``): a step trained on fewer episodes than its groups
+            hold must not pass for a full one.
     """
     fingerprint = json.dumps(
         {
@@ -458,5 +461,5 @@ def train_run(
     if work.step is not None:
         logger.info("%s: resuming at step %d of %d", run.name, work.step, run.steps)
     trainer = open_trainer(run, base, weights, work)
-    train(run, trainer, work, env, templates, base_seed, first_scenario, progress)
+    train(run, trainer, work, env, templates, base_seed, first_scenario, progress, max_error_share)
     work.publish()
