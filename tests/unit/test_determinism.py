@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from coordgap.agents.runner import CellOutputs, generate_cell
+from coordgap.agents.generate import generate_cell
+from coordgap.agents.runner import CellOutputs
 from coordgap.config.play import EnvironmentConfig, ModelSpec, ScriptedPolicy
 from coordgap.data import derive_seed
 from coordgap.env.observation import PromptTemplates

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from coordgap.agents.runner import CellOutputs, generate_cell
+from coordgap.agents.generate import generate_cell
+from coordgap.agents.runner import CellOutputs
 from coordgap.config.play import EnvironmentConfig, ModelSpec, accepted_error_share
 from coordgap.env.observation import PromptTemplates
 from coordgap.logs import job_log

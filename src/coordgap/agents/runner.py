@@ -12,8 +12,9 @@ never journalled half-played, and the job exits non-zero within seconds (``coord
 so the rerun plays exactly the episodes that are not in the journal. The journal is a
 ``coordgap.resume.ResumeFolder``, the same primitive a training run resumes from.
 
-Every episode of the study is played here: generation cells, each checkpoint's validation and
-test cells (``coordgap.evaluation.checkpoints``), and a training step's rollouts
+Every episode of the study is played here: a configured model's cells
+(``coordgap.agents.generate``, which opens the model), each checkpoint's validation and test
+cells (``coordgap.evaluation.checkpoints``), and a training step's rollouts
 (``coordgap.training.loop``), whose GRPO groups are a cell with ``group_size`` set.
 
 A cell in which too many episodes ended in ``error`` (a call that failed in transport after its
@@ -40,10 +41,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from tqdm import tqdm
 
-from coordgap import preemption
 from coordgap.agents.graphs import play_episode_graph
 from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, write_parquet_atomic
-from coordgap.policies.factory import open_policy_factory
 from coordgap.resume import ResumeFolder
 
 if TYPE_CHECKING:
@@ -51,8 +50,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from coordgap.config.play import EnvironmentConfig, ModelSpec
-    from coordgap.env.observation import PromptTemplates
+    from coordgap.config.play import EnvironmentConfig
     from coordgap.policies.base import AsyncPolicy
 
     PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
@@ -312,66 +310,3 @@ def merge_journal(cell: Cell, outputs: CellOutputs, journal: CellOutputs | None 
     for table, frame in read_journal(cell, source).items():
         write_parquet_atomic(frame, outputs.path(table))
     shutil.rmtree(source.journal)
-
-
-def generate_cell(
-    model: ModelSpec,
-    n: int,
-    env: EnvironmentConfig,
-    episodes: int,
-    base_seed: int,
-    first_scenario: int,
-    outputs: CellOutputs,
-    templates: PromptTemplates,
-    weights: Path | None = None,
-    checkpoint: str = "base",
-    progress: bool = True,
-    serve_host: str = "loopback",
-    max_error_share: float = 0.0,
-    played_as: ModelSpec | None = None,
-    merge: bool = True,
-) -> Cell:
-    """Play one model x N cell (resuming a killed run) and write its three tables.
-
-    SIGTERM and SIGINT stop the cell as ``coordgap.preemption.run`` describes.
-
-    Args:
-        model: The model, of any kind.
-        n: Number of philosophers.
-        env: The table rules.
-        episodes: Episodes in the cell.
-        base_seed: The config's seed; every seed derives from it (see ``EpisodeSeeds``).
-        first_scenario: Episode ``k`` plays scenario ``first_scenario + k``.
-        outputs: Where the tables go.
-        templates: Prompt templates for language models.
-        weights: The prepared weights folder of a ``local`` or served model.
-        checkpoint: What the ``checkpoint`` column says: ``base``, or the training checkpoint
-            whose adapter the model carries.
-        progress: Show a progress bar on stderr.
-        serve_host: Where a served model's server listens (``loopback`` or ``node``).
-        max_error_share: The largest share of ``error`` episodes the cell may have
-            (``experiment.max_error_share``).
-        played_as: ``model`` as a server the caller started already serves it
-            (``coordgap.policies.serving.serve_models``); None: ``model`` itself, its own
-            server started here if it has one. The cell's identity is ``model``'s either way.
-        merge: Write the tables; if False, leave the complete journal (see ``run_cell``).
-
-    Returns:
-        The cell played.
-
-    Raises:
-        Preempted: A signal stopped the cell; finished episodes are journalled.
-        EndpointAuthError: The model's endpoint refused its API key.
-        EndpointRequestError: The endpoint refused a request in a way no retry can change.
-        CellErrors: Too many episodes ended in ``error``.
-        ServerStartError: A served model's server did not start.
-    """
-    cell = Cell(
-        model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
-    )
-    opened = open_policy_factory(played_as or model, env, templates, weights, serve_host)
-    with opened as (make_policy, max_in_flight):
-        preemption.run(
-            run_cell(cell, outputs, make_policy, max_in_flight, progress, max_error_share, merge)
-        )
-    return cell

@@ -1,6 +1,6 @@
 """A checkpoint as a model: its adapter on the base model, playing cells like any model.
 
-A checkpoint plays through ``coordgap.agents.runner.generate_cell``, so its episodes are
+A checkpoint plays through ``coordgap.agents.generate.generate_cell``, so its episodes are
 resumable and journalled, and written in the episode-table contract with ``checkpoint`` set
 to its step. Validation episodes play the validation scenarios at the run's final training N,
 every evaluated checkpoint of a run in one job (one table, one server for a served base
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.agents.runner import Cell, CellOutputs, generate_cell, merge_journal
+from coordgap.agents.generate import generate_cell
+from coordgap.agents.runner import Cell, CellOutputs, merge_journal
 from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.data import TABLE_SCHEMAS, step_label
 from coordgap.env.observation import PromptTemplates

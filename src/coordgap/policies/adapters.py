@@ -6,14 +6,20 @@ from typing import TYPE_CHECKING, Protocol
 
 from coordgap.data import derive_seed
 from coordgap.env.protocols import TOOLS
+from coordgap.env.table import TurnOrder
 from coordgap.policies.base import BatchSlot
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
+    import numpy as np
+
+    from coordgap.config.play import EnvironmentConfig
     from coordgap.env.observation import Observation, PromptTemplates
     from coordgap.env.protocols import Tool
-    from coordgap.policies.base import Decision, Policy
+    from coordgap.policies.base import AsyncPolicy, Decision, Policy
+
+    PolicyFactory = Callable[[int, int, np.random.Generator], AsyncPolicy]
 
 
 class ChatBackend(Protocol):
@@ -84,3 +90,28 @@ class LLMAgentPolicy:
         return await self._backend.decide(
             self._templates.messages(observation), TOOLS[observation.protocol], seed, batch
         )
+
+
+def prompted_policies(
+    backend: ChatBackend, env: EnvironmentConfig, templates: PromptTemplates
+) -> PolicyFactory:
+    """The per-episode policy factory of a language model on an open chat backend.
+
+    Every language model's episodes are played by these policies: a cell's, and a training
+    step's rollouts with the policy being trained.
+
+    Args:
+        backend: The model's chat backend.
+        env: The table rules (whether the agents act at once).
+        templates: Prompt templates.
+
+    Returns:
+        A factory ``(n, episode seed, policy rng) -> policy``.
+    """
+
+    def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
+        return LLMAgentPolicy(
+            backend, templates, seed, simultaneous=env.turn_order is TurnOrder.SIMULTANEOUS
+        )
+
+    return prompted

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from coordgap.config.keys import check_filled
 from coordgap.config.play import ModelKind, ScriptedModel
-from coordgap.env.table import TurnOrder
-from coordgap.policies.adapters import LLMAgentPolicy, ScriptedAgentPolicy
+from coordgap.policies.adapters import ScriptedAgentPolicy, prompted_policies
 from coordgap.policies.scripted import make_scripted_policy
 from coordgap.policies.serving import serve_model
 
@@ -130,28 +129,3 @@ def open_policy_factory(
             model = stack.enter_context(serve_model(model, weights, serve_host))
         policies = prompted_policies(open_backend(model, weights), env, templates)
         yield policies, model.entry["max_in_flight"]
-
-
-def prompted_policies(
-    backend: ChatBackend, env: EnvironmentConfig, templates: PromptTemplates
-) -> PolicyFactory:
-    """The per-episode policy factory of a language model on an open chat backend.
-
-    Every language model's episodes are played by these policies: a cell's, and a training
-    step's rollouts with the policy being trained.
-
-    Args:
-        backend: The model's chat backend.
-        env: The table rules (whether the agents act at once).
-        templates: Prompt templates.
-
-    Returns:
-        A factory ``(n, episode seed, policy rng) -> policy``.
-    """
-
-    def prompted(n: int, seed: int, rng: np.random.Generator) -> AsyncPolicy:
-        return LLMAgentPolicy(
-            backend, templates, seed, simultaneous=env.turn_order is TurnOrder.SIMULTANEOUS
-        )
-
-    return prompted

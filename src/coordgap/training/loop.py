@@ -50,7 +50,7 @@ from coordgap.config.training import Trainer
 from coordgap.data import derive_seed, step_label, write_parquet_atomic
 from coordgap.env.protocols import TOOLS
 from coordgap.env.variants import RewardVariant, reward_expr
-from coordgap.policies.factory import prompted_policies
+from coordgap.policies.adapters import prompted_policies
 from coordgap.preemption import preemptible
 from coordgap.resume import ResumeFolder, replace_path, write_text_atomic
 from coordgap.training.history import HISTORY_SCHEMA
