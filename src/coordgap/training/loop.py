@@ -182,7 +182,8 @@ async def play_rollouts(
     """Play one step's rollouts with the current policy, resuming its journal.
 
     The journal is left complete, not merged: the step's commit merges it
-    (``merge_journal``), so a run killed before then replays nothing of the step.
+    (``merge_journal``), so a run killed before then (during the update, say) replays none
+    of the step's finished rollouts.
 
     Args:
         sampler: The current policy.
@@ -199,7 +200,15 @@ async def play_rollouts(
         CellErrors: More than ``max_error_share`` of the rollouts ended in ``error``.
     """
     policies = prompted_policies(sampler, cell.env, templates)
-    await run_cell(cell, outputs, policies, max_in_flight, False, max_error_share, merge=False)
+    await run_cell(
+        cell,
+        outputs,
+        policies,
+        max_in_flight,
+        progress=False,
+        max_error_share=max_error_share,
+        merge=False,
+    )
     return read_journal(cell, outputs)
 
 
