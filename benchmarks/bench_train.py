@@ -37,8 +37,10 @@ import asyncio
 import dataclasses
 import math
 import random
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -65,9 +67,12 @@ from coordgap.models.prepare import prepare_model
 from coordgap.policies.local import shared_length
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
-from coordgap.training.loop import play_rollouts
+from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs
 from coordgap.training.probe import probe_conversations
 from coordgap.training.trajectories import philosopher_trajectory, trajectory_groups
+
+if TYPE_CHECKING:
+    import polars as pl
 
 CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 ENTRY = CONFIG["training"]["runs"]["smollm2-grpo"]
@@ -82,14 +87,22 @@ def bench_run(**changes: Any) -> TrainingRunConfig:
     return TrainingRunConfig.from_dict("bench", {**ENTRY, "warmup": False, **changes})
 
 
+def step_rollouts(trainer: TorchGRPOTrainer, run: TrainingRunConfig) -> dict[str, pl.DataFrame]:
+    """Step 0's rollout tables under the trainer's policy, played and journalled as in training."""
+    cell = rollout_cell(run, ENV, CONFIG["seed"], 0, 0)
+    with tempfile.TemporaryDirectory(prefix="bench_rollouts.") as folder:
+        outputs = rollout_outputs(Path(folder), 0)
+        return asyncio.run(
+            play_rollouts(trainer.sampler(), cell, outputs, TEMPLATES, run.max_in_flight)
+        )
+
+
 def time_step(groups_per_step: int, episodes_per_group: int) -> dict[str, Any]:
     """Play one step's rollouts, then run its update under each objective on a fresh adapter."""
     run = bench_run(groups_per_step=groups_per_step, episodes_per_group=episodes_per_group)
     trainer = TorchGRPOTrainer(MODEL_DIR, run, BASE)
     start = time.perf_counter()
-    tables = asyncio.run(
-        play_rollouts(trainer.sampler(), run, ENV, TEMPLATES, CONFIG["seed"], 0, 0)
-    )
+    tables = step_rollouts(trainer, run)
     rollout_seconds = time.perf_counter() - start
     result: dict[str, Any] = {
         "rollout_seconds": rollout_seconds,

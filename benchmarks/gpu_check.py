@@ -55,7 +55,7 @@ from typing import Any
 try:
     import torch
     from bench_local import CONFIG, GROUPS, decide_in_groups, tokens_run
-    from bench_train import BASE, ENTRY, ENV, TEMPLATES, bench_run
+    from bench_train import BASE, ENTRY, bench_run, step_rollouts
     from common import (
         MODEL_DIR,
         RESULTS,
@@ -71,7 +71,6 @@ try:
     from coordgap.models.prepare import prepare_model
     from coordgap.policies.local import LocalChatModel
     from coordgap.training.grpo import TorchGRPOTrainer
-    from coordgap.training.loop import play_rollouts
     from coordgap.training.trajectories import trajectory_groups
 except ModuleNotFoundError as missing:
     # Where this runs is a machine whose Python is not known in advance: say what is missing
@@ -233,9 +232,7 @@ def time_update(folder: Path, shape: str, device: torch.device, peak: float) -> 
     trainer = TorchGRPOTrainer(folder, run, BASE, device=str(device))
     load_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    tables = asyncio.run(
-        play_rollouts(trainer.sampler(), run, ENV, TEMPLATES, CONFIG["seed"], 0, 0)
-    )
+    tables = step_rollouts(trainer, run)
     rollout_seconds = time.perf_counter() - start
     groups = trajectory_groups(tables["episodes"], tables["transcripts"], run)
     all_trainable(groups)
