@@ -139,14 +139,9 @@ class Cell:
 
     def seeds(self, index: int) -> EpisodeSeeds:
         """The seeds of episode ``index``."""
-        if self.group_size is None:
-            return EpisodeSeeds.derive(
-                self.base_seed, self.first_scenario + index, self.n, self.model
-            )
-        group, member = divmod(index, self.group_size)
-        return EpisodeSeeds.derive(
-            self.base_seed, self.first_scenario + group, self.n, f"{self.model}/{member}"
-        )
+        group, member = divmod(index, self.group_size or 1)
+        identity = self.model if self.group_size is None else f"{self.model}/{member}"
+        return EpisodeSeeds.derive(self.base_seed, self.first_scenario + group, self.n, identity)
 
     @property
     def label(self) -> str:
@@ -307,6 +302,19 @@ def merge_journal(cell: Cell, outputs: CellOutputs, journal: CellOutputs | None 
             removed once the tables are written.
     """
     source = journal or outputs
-    for table, frame in read_journal(cell, source).items():
+    publish_journal(read_journal(cell, source), outputs, source)
+
+
+def publish_journal(
+    tables: dict[str, pl.DataFrame], outputs: CellOutputs, journal: CellOutputs
+) -> None:
+    """Write a journal's tables, already read (``read_journal``), then remove the journal.
+
+    Args:
+        tables: The cell's tables by name.
+        outputs: Where they go.
+        journal: The outputs whose journal they were read from.
+    """
+    for table, frame in tables.items():
         write_parquet_atomic(frame, outputs.path(table))
-    shutil.rmtree(source.journal)
+    shutil.rmtree(journal.journal)

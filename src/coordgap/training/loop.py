@@ -45,7 +45,7 @@ import torch
 from tqdm import tqdm
 
 from coordgap import preemption
-from coordgap.agents.runner import Cell, CellOutputs, merge_journal, read_journal, run_cell
+from coordgap.agents.runner import Cell, CellOutputs, publish_journal, read_journal, run_cell
 from coordgap.config.training import Trainer
 from coordgap.data import derive_seed, step_label, write_parquet_atomic
 from coordgap.env.protocols import TOOLS
@@ -181,9 +181,9 @@ async def play_rollouts(
 ) -> dict[str, pl.DataFrame]:
     """Play one step's rollouts with the current policy, resuming its journal.
 
-    The journal is left complete, not merged: the step's commit merges it
-    (``merge_journal``), so a run killed before then (during the update, say) replays none
-    of the step's finished rollouts.
+    The journal is left complete, not merged: the step's commit writes the tables returned
+    here and removes it (``publish_journal``), so a run killed before then (during the
+    update, say) replays none of the step's finished rollouts.
 
     Args:
         sampler: The current policy.
@@ -379,7 +379,7 @@ def train(
                 "seconds": time.perf_counter() - begin,
             }
             with guard.deferred():
-                merge_journal(cell, rollouts)
+                publish_journal(tables, rollouts, rollouts)
                 write_parquet_atomic(pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step))
                 work.save_checkpoint(trainer, step + 1)
                 work.commit(step + 1)
