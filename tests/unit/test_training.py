@@ -22,11 +22,13 @@ import pytest
 import torch
 import yaml
 
+from coordgap.agents.runner import CellErrors
 from coordgap.config.play import EnvironmentConfig
 from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.episodes import transcript_row
+from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.local import template_kwargs
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
@@ -43,7 +45,6 @@ from tests.unit.test_local_model import reference_log_probs, table_conversations
 if TYPE_CHECKING:
     import polars as pl
 
-    from coordgap.policies.base import Decision
 
 pytestmark = [
     pytest.mark.unit,
@@ -280,6 +281,28 @@ def test_a_steps_rollouts_resume_from_their_journal(
             .drop("latency_s", strict=False)
             .equals(frame.drop("latency_s", strict=False))
         ), table
+
+
+class _UnreachableBackend:
+    """Every call fails in transport, as a policy server that went away would."""
+
+    async def decide(self, messages, tools, seed, batch=None) -> Decision:
+        return Decision(
+            tool=None, no_call_reason=NoCallReason.TRANSPORT_ERROR, raw="APIConnectionError"
+        )
+
+
+def test_a_step_of_error_rollouts_fails_rather_than_training_on_what_is_left(
+    tmp_path: Path,
+) -> None:
+    run = tiny_run()
+    cell = rollout_cell(run, tiny_env(), 11, 0, 0)
+    outputs = rollout_outputs(tmp_path, 0)
+    rollouts = play_rollouts(_UnreachableBackend(), cell, outputs, TEMPLATES, run.max_in_flight)
+    with pytest.raises(CellErrors, match=r"tiny n=3 step_0000: 2 of 2 episodes ended in error"):
+        asyncio.run(rollouts)
+    # The error episodes leave the journal, so the rerun plays them again.
+    assert not list(outputs.journal.glob("e*.episodes.parquet"))
 
 
 # --- the objective ------------------------------------------------------------------------
