@@ -5,20 +5,21 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from snakemake.utils import available_cpu_count, validate
+from snakemake.utils import available_cpu_count
 
 from coordgap.analysis.catalog import STATISTICS_FIGURES, figure_catalog
 from coordgap.provenance import output_identity
 from coordgap.code import code_digest
 from coordgap.site import load_site
 from coordgap.config.checks import check_cross_keys
+from coordgap.config.keys import check_schema
 from coordgap.config.play import ModelSpec, cell_episodes
 from coordgap.config.training import checkpoint_families, evaluated_steps, selected_checkpoints
 
 # ---------------------------------------------------------------- validation
 
 # The schema first (names the offending key), then the cross-key rules; both before any job.
-validate(config, schema="../workflow/schemas/config.schema.yaml")
+check_schema(config)
 check_cross_keys(config)
 # This cluster's and this user's settings (coordgap.site): where each kind of job goes.
 SITE = load_site()

@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
             "--root",
             type=Path,
             default=Path(),
-            help="the project folder: its workflow/schemas, results/ and logs/ (default: here)",
+            help="the project folder: its results/ and logs/ (default: here)",
         )
     commands.add_parser(
         "art-runtime",
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("plan", "config"):
         names = " ".join(map(str, args.configfile))
         try:
-            config = _resolved(args.configfile, args.config, args.root)
+            config = _resolved(args.configfile, args.config)
         except Exception as error:  # validate raises WorkflowError, the rest ConfigError
             sys.stderr.write(f"{names}: {error}\n")
             return 1
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _resolved(configfiles: Sequence[Path], overrides: Sequence[str], root: Path) -> dict:
+def _resolved(configfiles: Sequence[Path], overrides: Sequence[str]) -> dict:
     """The config the Snakefile would run on these files and overrides, validated.
 
     Raises:
@@ -177,13 +177,13 @@ def _resolved(configfiles: Sequence[Path], overrides: Sequence[str], root: Path)
     """
     # Imported here: the validator is not needed to draw an episode.
     from snakemake.cli import parse_config
-    from snakemake.utils import validate
 
     from coordgap.config.checks import check_cross_keys
+    from coordgap.config.keys import check_schema
     from coordgap.config.overlays import resolve
 
     config = resolve(configfiles, parse_config(overrides)).config
-    validate(config, schema=str(root / "workflow" / "schemas" / "config.schema.yaml"))
+    check_schema(config)
     check_cross_keys(config)
     return config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -187,7 +187,9 @@ def write_parquet_atomic(frame: pl.DataFrame, path: str | Path) -> None:
     """Write a parquet file so that readers never see a partial file.
 
     The frame goes to a temporary file in the destination folder, which then replaces the
-    destination in one rename.
+    destination in one rename. The temporary name is unique but made by the writer itself, not
+    by ``mkstemp``, whose files are private to their owner: a table gets the permissions the
+    umask gives any new file, as every other output of ``results/`` does.
 
     Args:
         frame: The table to write.
@@ -195,8 +197,7 @@ def write_parquet_atomic(frame: pl.DataFrame, path: str | Path) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         frame.write_parquet(tmp, statistics=False)
         os.replace(tmp, path)

@@ -58,6 +58,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(staged, path)
 
 
+def share_as_umask(root: Path) -> None:
+    """Give ``root`` and all under it the permissions the umask gives a new file or folder.
+
+    Some writers make files private to their owner (``mkdtemp``'s folders, the adapter
+    weights safetensors writes); outputs are shared data (a group's results and caches), so
+    they get the permissions of every other output.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in (root, *root.rglob("*")):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def replace_path(source: Path, dest: Path) -> None:
     """Move the file or folder ``source`` to ``dest``, replacing whatever is there."""
     dest.parent.mkdir(parents=True, exist_ok=True)

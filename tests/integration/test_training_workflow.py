@@ -9,8 +9,10 @@ uninterrupted run's history, rollouts and adapters, tensor for tensor.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import stat
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -192,3 +194,13 @@ def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Pat
     assert "training_tiny-grpo.png" in report
     assert "tiny-grpo@best_val" in report
     assert (results / "figures/training_tiny-grpo.csv").exists()
+    # Shared data: every output (tables, adapters, figures) as readable as the umask allows,
+    # none private to the user who ran the study.
+    umask = os.umask(0)
+    os.umask(umask)
+    private = [
+        path
+        for path in results.rglob("*")
+        if stat.S_IMODE(path.stat().st_mode) != (0o777 if path.is_dir() else 0o666) & ~umask
+    ]
+    assert not private, private[:5]

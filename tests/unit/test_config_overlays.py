@@ -7,10 +7,9 @@ import copy
 import pytest
 import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from coordgap.cli import main
-from coordgap.config.keys import ConfigError
+from coordgap.config.keys import SCHEMA, ConfigError, check_schema
 from coordgap.config.overlays import merge, resolve
 from tests.conftest import ROOT
 
@@ -121,9 +120,7 @@ def test_an_unknown_key_of_an_overlay_is_named_by_the_schema(tmp_path):
     )
     config = resolve([study]).config
     with pytest.raises(WorkflowError, match="evry"):
-        validate(
-            copy.deepcopy(config), schema=str(ROOT / "workflow" / "schemas" / "config.schema.yaml")
-        )
+        check_schema(copy.deepcopy(config))
 
 
 def test_coordgap_config_writes_the_resolved_study_with_its_overrides(tmp_path):
@@ -144,3 +141,50 @@ def test_an_override_that_breaks_the_config_is_named_before_anything_runs(tmp_pa
     for command in ("config", "plan"):
         assert main([command, *argv, "--config", "seed=-1"]) == 1
         assert "seed" in capsys.readouterr().err
+
+
+def test_a_model_entry_gets_the_defaults_of_its_kind_and_keeps_its_own(tmp_path):
+    """A short entry means its kind's schema defaults, its own keys win, serve: too."""
+    study = _write(
+        tmp_path,
+        "study.yaml",
+        {
+            "base": str(ROOT / "config" / "config.yaml"),
+            "models": {
+                "mine": {"kind": "openai", "model": "m", "api_key_env": "K", "max_tokens": 99},
+                "served": {
+                    "kind": "openai",
+                    "model": "s",
+                    "api_key_env": None,
+                    "serve": {"command": ["server", "{port}"]},
+                },
+            },
+        },
+    )
+    config = resolve([study]).config
+    check_schema(copy.deepcopy(config))
+    openai = yaml.safe_load(SCHEMA.read_text())["$defs"]["openai_model"]["properties"]
+    mine = config["models"]["mine"]
+    assert list(mine)[:4] == ["kind", "model", "api_key_env", "max_tokens"]
+    assert mine["max_tokens"] == 99
+    assert set(mine) == set(openai)
+    for key, node in openai.items():
+        if key not in {"kind", "model", "api_key_env", "max_tokens"}:
+            assert mine[key] == node["default"], key
+    serve = config["models"]["served"]["serve"]
+    assert serve["command"] == ["server", "{port}"]
+    assert set(serve) == set(openai["serve"]["properties"])
+    assert serve["health"] == openai["serve"]["properties"]["health"]["default"]
+    # A complete entry is left exactly as it is: the default study's local model.
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    assert config["models"]["smollm2-135m"] == default["models"]["smollm2-135m"]
+
+
+def test_a_model_entry_without_a_required_key_is_named_by_the_schema(tmp_path):
+    study = _write(
+        tmp_path,
+        "study.yaml",
+        {"base": str(ROOT / "config" / "config.yaml"), "models": {"mine": {"kind": "openai"}}},
+    )
+    with pytest.raises(WorkflowError, match="'model' is a required property"):
+        check_schema(resolve([study]).config)

@@ -7,11 +7,10 @@ import copy
 
 import pytest
 import yaml
-from snakemake.utils import validate
 
 from coordgap.config.checks import check_cross_keys
-from coordgap.config.keys import unfilled_keys
-from coordgap.config.overlays import resolve
+from coordgap.config.keys import check_schema, unfilled_keys
+from coordgap.config.overlays import resolve, with_model_defaults
 from coordgap.config.play import cell_episodes
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, dry_run_jobs, planned, run
 
@@ -19,7 +18,6 @@ pytestmark = pytest.mark.workflow
 
 DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
-SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 # The paper's supplementary models (arXiv 2606.07845): 270 episodes beside the main 630.
 SUPPLEMENTARY = {"qwen3-8b", "qwen3-8b-grpo@last", "deepseek-r1-distill-qwen-7b"}
 # Every job of the paper's study from scratch. The test grid: 4 API models
@@ -107,10 +105,9 @@ def test_a_configfile_is_validated_as_a_whole(tmp_path):
 
 
 def test_the_paper_config_is_schema_valid_and_shares_no_model_with_the_default():
-    config = copy.deepcopy(PAPER)
-    validate(config, schema=str(SCHEMA))
-    check_cross_keys(config)
-    assert config == PAPER, "the paper config relies on a schema default"
+    check_schema(copy.deepcopy(PAPER))
+    check_cross_keys(copy.deepcopy(PAPER))
+    assert with_model_defaults(PAPER) == PAPER, "the paper config relies on a schema default"
     assert not set(PAPER["models"]) & set(DEFAULT["models"])
     assert not set(PAPER["training"]["runs"]) & set(DEFAULT["training"]["runs"])
     # What a user must fill in is marked, and nothing else: the API models' names and the
@@ -194,7 +191,7 @@ def test_the_slurm_profile_sizes_the_paper_gpu_jobs(tmp_path):
 
 def test_the_gpu_smoke_config_plans_the_jobs_the_readme_states(tmp_path):
     smoke = resolve([ROOT / "config" / "gpu_smoke.yaml"]).config  # an overlay on paper.yaml
-    validate(copy.deepcopy(smoke), schema=str(SCHEMA))
+    check_schema(copy.deepcopy(smoke))
     check_cross_keys(smoke)
     # Only the commit to pin is left to fill in.
     assert unfilled_keys(smoke, "") == [".models.qwen3-0.6b.serve.source"]

@@ -13,9 +13,12 @@ from tests.conftest import ROOT, copy_workflow, plan_lines, planned, run
 
 pytestmark = pytest.mark.workflow
 
-# Every config/*.yaml is a study but the paper's published figures, which reports read.
+# Every config/*.yaml is a study but the paper's published figures, which reports read; so is
+# each example of config/examples/ (README: "Add your own model"), each dry-run here.
 STUDIES = sorted(
-    path.name for path in (ROOT / "config").glob("*.yaml") if path.name != "paper_reference.yaml"
+    path.relative_to(ROOT / "config").as_posix()
+    for path in [*(ROOT / "config").glob("*.yaml"), *(ROOT / "config" / "examples").glob("*.yaml")]
+    if path.name != "paper_reference.yaml"
 )
 # The studies that are overlays; the others write every key out.
 OVERLAYS = [

@@ -1,12 +1,31 @@
-"""What every phase's settings share: the config error, and placeholders a user fills in."""
+"""What every phase's settings share: the schema, the config error, placeholders to fill in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+# The config schema: every key's type and description, and a model entry's defaults.
+SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
     """An invalid configuration; the message starts with the offending key."""
+
+
+def check_schema(config: dict[str, Any]) -> None:
+    """Check a resolved config against :data:`SCHEMA`, as the workflow does before any job.
+
+    The defaults were filled in as the files were resolved
+    (:func:`coordgap.config.overlays.resolve`), so the check sets none: Snakemake's filler
+    would also descend into a null ``serve:`` block and fail there.
+
+    Raises:
+        snakemake.exceptions.WorkflowError: The first violation, naming the offending key.
+    """
+    from snakemake.utils import validate
+
+    validate(config, schema=str(SCHEMA), set_default=False)
 
 
 # Marks a value the user must fill in (config/paper.yaml's API model names): plans and dry runs

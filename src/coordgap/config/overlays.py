@@ -10,13 +10,15 @@ the first may name a base; ``--config key=value`` overrides apply last, as plain
 
 Snakemake's own merge of config files cannot delete a key or replace a mapping whole, hence
 this one, used by the Snakefile and by ``coordgap plan`` alike. ``base`` and ``replace`` are
-consumed here; the resolved config is then checked by the schema as a whole, so an unknown
-key in an overlay is named there.
+consumed here, and a model entry's omitted keys get their schema defaults
+(:func:`with_model_defaults`); the resolved config is then checked by the schema as a whole,
+so an unknown key in an overlay is named there.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from coordgap.config.keys import ConfigError
+from coordgap.config.keys import SCHEMA, ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -102,7 +104,54 @@ def resolve(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = N
             config = merge(config, layer.keys, layer.replace)
         except ConfigError as error:
             raise ConfigError(f"{layer.path}: {error}") from None
-    return Resolved(merge(config, overrides or {}), tuple(layer.path for layer in layers))
+    config = merge(config, overrides or {})
+    return Resolved(with_model_defaults(config), tuple(layer.path for layer in layers))
+
+
+def with_model_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with every model entry's omitted keys set to their schema defaults.
+
+    A model entry states what is its own (an endpoint, a model name, a key's variable) and
+    leaves the rest to the defaults of its kind in ``workflow/schemas/config.schema.yaml``,
+    the one place they are written; a ``serve:`` block likewise. An entry of unknown kind is
+    left as it is, for the schema to name.
+
+    Args:
+        config: A merged config.
+
+    Returns:
+        A copy with complete model entries, each one's own keys first, in its own order.
+    """
+    filled = copy.deepcopy(dict(config))
+    models = filled.get("models")
+    if isinstance(models, dict):
+        kinds = _model_kinds()
+        for name, entry in models.items():
+            if isinstance(entry, dict) and entry.get("kind") in kinds:
+                models[name] = _with_defaults(entry, kinds[entry["kind"]])
+    return filled
+
+
+@functools.cache
+def _model_kinds() -> dict[str, dict[str, Any]]:
+    """Each model kind's schema (its ``$defs`` entry), by the kind's name."""
+    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    return {
+        node["properties"]["kind"]["const"]: node
+        for node in schema["$defs"].values()
+        if "const" in node.get("properties", {}).get("kind", {})
+    }
+
+
+def _with_defaults(entry: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` with the defaults of ``schema``'s properties it lacks, nested mappings too."""
+    filled = dict(entry)
+    for key, node in schema.get("properties", {}).items():
+        if key not in filled and "default" in node:
+            filled[key] = copy.deepcopy(node["default"])
+        elif isinstance(filled.get(key), dict) and "properties" in node:
+            filled[key] = _with_defaults(filled[key], node)
+    return filled
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordgap.config.keys import FILL_IN
+from coordgap.resume import share_as_umask
 
 if TYPE_CHECKING:
     import torch
@@ -390,11 +390,7 @@ def _replace(staging: Path, dest: Path) -> None:
     prepared weights are shared data (a group's cluster cache), so they get the permissions
     the umask gives any new file or folder (a hub snapshot may hold subfolders).
     """
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
-    for path in staging.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+    share_as_umask(staging)
     if not dest.exists():
         staging.rename(dest)
         return

@@ -52,7 +52,7 @@ from coordgap.env.protocols import TOOLS
 from coordgap.env.variants import RewardVariant, reward_expr
 from coordgap.policies.adapters import prompted_policies
 from coordgap.preemption import preemptible
-from coordgap.resume import ResumeFolder, replace_path, write_text_atomic
+from coordgap.resume import ResumeFolder, replace_path, share_as_umask, write_text_atomic
 from coordgap.training.history import HISTORY_SCHEMA
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import trajectory_groups
@@ -276,6 +276,7 @@ class _WorkDir:
         shutil.rmtree(staging, ignore_errors=True)
         trainer.save(staging)
         _sort_target_modules(staging / "adapter_config.json")
+        share_as_umask(staging)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
         path = self.optimizer(step)
