@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
 
+from coordgap.config.keys import SCHEMA
 from coordgap.env.reward import RewardComponents, components
 from coordgap.env.variants import (
     VARIANT_COMPONENTS,
@@ -21,7 +21,6 @@ from coordgap.env.variants import (
 pytestmark = pytest.mark.unit
 
 PAPER = RewardWeights()
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def episode_frame(

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import typing
-from pathlib import Path
 
 import pytest
 import yaml
 
 from coordgap.analysis.monitors import MONITORS
+from coordgap.config.keys import SCHEMA
 from coordgap.config.play import ModelKind, ScriptedPolicy
 from coordgap.config.training import Trainer, TrainingRunConfig
 from coordgap.env.protocols import Protocol
@@ -21,7 +21,6 @@ from coordgap.policies.scripted import SCRIPTED_POLICIES
 
 pytestmark = pytest.mark.unit
 
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 # The schema key of each enum, and the values the code that reads it handles.
 CODE_VALUES: dict[str, set[str]] = {
