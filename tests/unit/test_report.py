@@ -95,9 +95,9 @@ def section(text: str, heading: str) -> str:
 def test_report_has_every_section_in_order(report: tuple[str, ReportInputs, Path]) -> None:
     text, _, _ = report
     headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    # What the run found comes first; how it was made, last.
     assert headings == [
-        "Setup",
-        "Method",
+        "Findings",
         "Rewards",
         "Behaviour",
         "Comparisons",
@@ -106,6 +106,8 @@ def test_report_has_every_section_in_order(report: tuple[str, ReportInputs, Path
         "Figures",
         "An episode, step by step",
         "Paper vs ours",
+        "Method",
+        "Setup",
     ]
     # Headings name no model, so anchors survive any model name.
     assert not any(model in line for line in headings for model in ("silent", "hierarchy"))
@@ -177,6 +179,18 @@ def test_paper_beside_ours_says_whether_ours_lies_in_their_range(
     assert "| qwen3-14b | `mean_reward_n5` | 0.128 | no model of ours by this name | n/a |" in paper
     assert "| hierarchy vs left_first at N=5 | p: 0.5 | N=5: diff " in paper
     assert "N=7: diff" not in paper
+    assert "Comparable on this config: the rows of `hierarchy`, `silent`." in paper
+
+
+def test_paper_beside_ours_says_when_no_row_is_comparable(tmp_path: Path) -> None:
+    paper = yaml.safe_load(PAPER_REFERENCE.read_text(encoding="utf-8"))
+    out_md = tmp_path / "report.md"
+    write_report(make_inputs(tmp_path / "inputs", paper), study_config(), PROVENANCE, out_md)
+    paper_section = section(out_md.read_text(encoding="utf-8"), "Paper vs ours")
+    assert "**No row is comparable on this config**" in paper_section
+    assert "| qwen3-14b | `mean_reward_n5` | 0.128 | no model of ours by this name | n/a |" in (
+        paper_section
+    )
 
 
 def test_published_checks_by_quantity() -> None:

@@ -1,4 +1,4 @@
-"""The markdown report: setup, tables, monitors, figures, one episode, and the paper beside us.
+"""The markdown report: findings first, then tables, figures, the paper beside us, and setup.
 
 The report is built only from the files the statistics, monitor and figure rules wrote, the
 configuration, ``config/paper_reference.yaml`` and the provenance collected by the caller; it
@@ -20,6 +20,7 @@ import yaml
 
 from coordgap.analysis.catalog import figure_catalog
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
+from coordgap.analysis.findings import findings_section
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
 from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
@@ -433,6 +434,17 @@ def _ours_by_comparison(comparisons: pl.DataFrame, name: str, variant: RewardVar
     )
 
 
+def _comparable(checks: Sequence[Check]) -> str:
+    """Say which of the paper's models this config has, i.e. which rows can be compared."""
+    ours = sorted({check.paper_model for check in checks if check.ours})
+    if not ours:
+        return (
+            "**No row is comparable on this config**: none of its models has a paper model's "
+            "name, so every row reads n/a (`config/paper.yaml` runs the paper's models)."
+        )
+    return f"Comparable on this config: the rows of {', '.join(f'`{m}`' for m in ours)}."
+
+
 def _paper_section(
     paper: dict[str, Any],
     config: dict[str, Any],
@@ -456,7 +468,8 @@ def _paper_section(
         "one of our models has the paper model's name. A published range holds ours when our "
         "estimate lies in it at every N it covers; a single published number, when it lies in "
         "our interval (or equals our estimate at its precision where we have no interval). "
-        "A model of ours named like one of the paper's (e.g. `qwen3-14b`) fills its rows.\n\n"
+        "A model of ours named like one of the paper's (e.g. `qwen3-14b`) fills its rows. "
+        f"{_comparable(checks)}\n\n"
         "### Design\n\n"
         + _table(["", "Paper", "Ours", "Same?"], _design_rows(paper, config))
         + "\n\n### Results\n\n"
@@ -497,21 +510,30 @@ def write_report(
     power = read_table(inputs.power, POWER_SCHEMA)
     monitors = read_table(inputs.monitors, MONITOR_SCHEMA)
     paper = yaml.safe_load(Path(inputs.paper_reference).read_text(encoding="utf-8"))
+    selections = [read_selection(path) for path in inputs.selections]
+    findings = findings_section(
+        summary,
+        comparisons,
+        monitors,
+        power,
+        selections,
+        variant=analysis.variants[0],
+        alpha=comparing.power.alpha,
+        degenerate_reward=monitor_config.degenerate_reward,
+    )
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
-        _setup_section(config, provenance, len(inputs.records)),
-        _method_section(comparing, monitor_config),
+        findings,
         _rewards_section(summary, monitors, analysis),
         _behaviour_section(summary),
         _comparisons_section(comparisons),
         *(
             [
                 selection_section(
-                    [read_selection(path) for path in inputs.selections],
-                    [_link(Path(png), out_md) for png in inputs.training_figures],
+                    selections, [_link(Path(png), out_md) for png in inputs.training_figures]
                 )
             ]
-            if inputs.selections
+            if selections
             else []
         ),
         _power_section(power),
@@ -519,5 +541,7 @@ def write_report(
         _figures_section(inputs, out_md, analysis.variants),
         _timeline_section(inputs, out_md),
         _paper_section(paper, config, summary, comparisons, analysis.variants),
+        _method_section(comparing, monitor_config),
+        _setup_section(config, provenance, len(inputs.records)),
     ]
     out_md.write_text("\n\n".join(sections) + "\n", encoding="utf-8")

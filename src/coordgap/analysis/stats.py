@@ -66,6 +66,10 @@ SEAT_SCHEMA: dict[str, pl.DataType] = {
 
 # Only episodes that ended without a transport error enter a statistic.
 OK = pl.col("status") == "ok"
+# Cells with fewer ok episodes than this are a smoke run of the machinery, not an estimate: the
+# report's findings and the figures mark them (a two-sample comparison of two such cells detects
+# only |g| of about 1.3 or more at alpha 0.05 and power 0.8).
+SMALL_CELL = 10
 _RATES = ("throughput", "fairness", "idle", "failed_rate", "no_call_rate")
 # Per-decision costs, from the episode columns that language models fill and scripted ones
 # leave at zero.

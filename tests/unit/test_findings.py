@@ -1,0 +1,102 @@
+"""The report's Findings: each sentence follows from the tables it is generated from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pingouin as pg
+import polars as pl
+import pytest
+
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, power_table
+from coordgap.analysis.findings import findings_section
+from coordgap.analysis.monitors import monitor
+from coordgap.analysis.stats import summarize
+from coordgap.env.variants import RewardVariant
+from tests.unit.analysis_tables import CONFIG, MONITORS, POWER, table
+
+pytestmark = pytest.mark.unit
+
+RUN = "tiny-grpo"
+
+
+def comparison(model_a: str, n: int, diff: float, p_holm: float, variant: str) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(COMPARISON_SCHEMA)
+    return row | {
+        "family": f"{RUN}: selected vs base",
+        "variant": variant,
+        "model_a": model_a,
+        "model_b": "hierarchy",
+        "n": n,
+        "diff": diff,
+        "p_holm": p_holm,
+    }
+
+
+def selection(steps: dict[str, int]) -> dict[str, Any]:
+    return {"run": RUN, "choices": {policy: {"step": step} for policy, step in steps.items()}}
+
+
+@pytest.fixture(scope="module")
+def tables() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    episodes = table(sizes=(5, 7))
+    summary = summarize(episodes, CONFIG)
+    return summary, monitor(episodes, MONITORS), power_table(summary, 30, POWER)
+
+
+def findings(tables, comparisons: list[dict[str, Any]], selections: list[dict[str, Any]]) -> str:
+    summary, monitors, power = tables
+    return findings_section(
+        summary,
+        pl.DataFrame(comparisons, schema=COMPARISON_SCHEMA),
+        monitors,
+        power,
+        selections,
+        variant=RewardVariant.PAPER,
+        alpha=0.05,
+        degenerate_reward=0.8,
+    )
+
+
+def bullet(text: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"- **{name}.**"))
+
+
+def test_cell_sizes_state_the_detectable_effect_and_mark_the_smoke_cells(tables):
+    text = findings(tables, [], [])
+    detectable = pg.power_ttest(n=6, power=0.8, alpha=0.05, contrast="two-samples")
+    sizes = bullet(text, "Cell sizes")
+    assert "Cells hold 6 episodes. At 6 episodes per cell" in sizes
+    assert f"|g| ≥ {detectable:.2f} with power 0.8 (alpha 0.05)" in sizes
+    assert "Cells below 10 episodes (`hierarchy`, `idle`, `left_first`, `silent`)" in sizes
+    assert "| silent | 6 (smoke) | 0.00 / 0.00 | 1.00 / 1.00 | degenerate, no_call |" in text
+
+
+def test_deadlock_and_degenerate_models_are_named(tables):
+    text = findings(tables, [], [])
+    assert bullet(text, "Deadlock") == (
+        "- **Deadlock.** In some episodes (rate over N): `left_first` (0.67); "
+        "never: `hierarchy`, `idle`, `silent`."
+    )
+    assert "`idle`, `silent` score at least 0.8" in bullet(text, "Degenerate maximum")
+    # Without a training run there is nothing to say about training.
+    assert "**Training.**" not in text
+    assert "**Errors.**" not in text
+
+
+def test_training_says_whether_any_difference_survives_holm(tables):
+    noise = [comparison(f"{RUN}@best_val", 5, 0.33, 0.29, "paper")]
+    text = findings(tables, noise, [selection({"last": 3, "best_val": 0})])
+    training = bullet(text, "Training")
+    assert f"`{RUN}@best_val` N=5: +0.330 (Holm p 0.29), the untrained adapter" in training
+    assert "None survives Holm's correction at alpha 0.05" in training
+    checkpoints = bullet(text, "Checkpoints chosen")
+    assert "`last` step 3, `best_val` step 0 (the untrained adapter" in checkpoints
+
+    # Another variant's rows are not the headline's; a small Holm p is reported as surviving.
+    rows = [*noise, comparison(f"{RUN}@last", 5, 0.5, 0.01, "paper")]
+    rows.append(comparison(f"{RUN}@last", 10, 0.9, 0.001, "shaped"))
+    training = bullet(findings(tables, rows, [selection({"last": 3})]), "Training")
+    assert "Differences that survive Holm's correction at alpha 0.05: " in training
+    assert training.endswith(f"`{RUN}@last` N=5: +0.500 (Holm p 0.01)")
+    assert "N=10" not in training
