@@ -8,14 +8,20 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 CORES ?= 8
 # llama.cpp's OpenAI-compatible server, for the tests of the openai backend against a real
-# server. It has no wheel here and compiles (~5 min). GGML_NATIVE would enable AMX, which some
-# machines of this kind advertise but their sandbox forbids (the server then segfaults on its
-# first decode), so the instruction sets are listed: those every machine of this kind has
-# (AVX-512 with VNNI and BF16; the AMD ones lack AVX-VNNI, whose kernels AVX512-VNNI covers).
-# On another CPU, override LLAMA_CMAKE_ARGS.
+# server. It has no wheel here and compiles (~5 min). Machines of this kind differ in CPU (AVX2
+# only, AVX-512 with VNNI and BF16, or those and AMX), so the build enables exactly the
+# instruction sets this machine's /proc/cpuinfo lists: a build for more dies with SIGILL on its
+# first instruction the CPU lacks. Never AMX, and never GGML_NATIVE (which would enable it):
+# some machines advertise AMX but their sandbox forbids it (the server then segfaults on its
+# first decode). Override LLAMA_CMAKE_ARGS to build for another CPU.
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+cpu_has = $(if $(filter $(1),$(CPU_FLAGS)),ON,OFF)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) \
+	-DGGML_AVX2=$(call cpu_has,avx2) -DGGML_FMA=$(call cpu_has,fma) \
+	-DGGML_F16C=$(call cpu_has,f16c) -DGGML_BMI2=$(call cpu_has,bmi2) \
+	-DGGML_AVX512=$(call cpu_has,avx512f) -DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) \
+	-DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) -DGGML_AVX_VNNI=$(call cpu_has,avx_vnni)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: all test lint touch clean-results art-runtime

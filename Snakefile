@@ -70,3 +70,9 @@ rule evaluate:
     input:
         "results/eval/index.json",
         "results/test/index.json",
+
+
+# The last line of a successful run points at what to read first.
+onsuccess:
+    if Path(REPORT).exists():
+        print(f"\nDone. Read {REPORT} first: it opens with the findings.")

@@ -214,7 +214,7 @@ rule write_report:
         paper_reference="config/paper_reference.yaml",
     output:
         report(
-            "results/report.md",
+            REPORT,
             caption="../workflow/report/report_md.rst",
             category="Report",
             labels={"file": "report.md"},

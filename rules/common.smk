@@ -26,6 +26,9 @@ SITE = load_site()
 
 # ---------------------------------------------------------------- constants
 
+# The study's report: the last output of `all`, and what a run's last line points at.
+REPORT = "results/report.md"
+
 MODELS = list(config["models"])
 # Each model as the class of its kind (coordgap.config.play): what its jobs need.
 MODEL_SPECS = {name: ModelSpec.from_dict(name, entry) for name, entry in config["models"].items()}
@@ -389,5 +392,5 @@ def final_targets():
         ),
         "results/metrics.json",
         *(str(Path(png).with_suffix(ext)) for png in figures for ext in (".png", ".pdf", ".csv")),
-        "results/report.md",
+        REPORT,
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     """Send the job's log records to ``path`` and record any exception before it propagates.
 
-    Snakemake keeps a failed job's log, so the traceback is where the user looks first. A job
+    Snakemake keeps a failed job's log, so the traceback is where the user looks first; a job
+    that succeeded ends its log with its wall time. A job
     stopped by a signal (``coordgap.preemption.Preempted``) is no error to debug: it gets one
     line and exits with 128 + the signal number.
 
@@ -37,8 +39,10 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logger = logging.getLogger(job)
+    started = time.perf_counter()
     try:
         yield logger
+        logger.info("job done in %.1f s", time.perf_counter() - started)
     except Preempted as stop:
         logger.warning("%s", stop)
         raise SystemExit(stop.exit_code) from None

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import logging
 
 import polars as pl
 import pytest
@@ -208,10 +209,18 @@ def test_a_cell_with_too_many_error_episodes_fails_and_its_rerun_replays_only_th
     assert pl.read_parquet(clean.episodes).equals(episodes)
 
 
-def test_a_cell_within_max_error_share_is_written_with_its_error_episodes(tmp_path):
+def test_a_cell_within_max_error_share_is_written_with_its_error_episodes(tmp_path, caplog):
     env = _env("tools6", "simultaneous", history=0)
     outputs = _outputs(tmp_path)
     factory = _factory_failing(env, {1, 4}, [])
-    asyncio.run(run_cell(_cell(env, 6), outputs, factory, 1, False, max_error_share=0.5))
-    statuses = pl.read_parquet(outputs.episodes)["status"].to_list()
-    assert statuses == ["ok", "error", "ok", "ok", "error", "ok"]
+    with caplog.at_level(logging.INFO, logger="coordgap.agents.runner"):
+        asyncio.run(run_cell(_cell(env, 6), outputs, factory, 1, False, max_error_share=0.5))
+    episodes = pl.read_parquet(outputs.episodes)
+    assert episodes["status"].to_list() == ["ok", "error", "ok", "ok", "error", "ok"]
+    # The job's log closes with what the cell holds.
+    closing = caplog.records[-1].getMessage()
+    assert closing.startswith(f"{_cell(env, 6).label}: done, 6 episodes (6 played in ")
+    assert closing.endswith(
+        f"0 resumed), 2 errors, {episodes['decisions'].sum()} decisions, "
+        f"{episodes['meals_total'].sum()} meals"
+    )

@@ -51,7 +51,7 @@ def _check_labels_and_legend(figure: Figure) -> None:
     legends = [axes.get_legend() for axes in panels if axes.get_legend()] + figure.legends
     assert legends
     texts = [text.get_text() for legend in legends for text in legend.get_texts()]
-    assert "hierarchy" in texts or "no deadlock (+)" in texts
+    assert "hierarchy (n=6)" in texts or "hierarchy" in texts or "no deadlock (+)" in texts
 
 
 def _draw_twice(
@@ -74,7 +74,7 @@ def test_reward_figure(stats: StatsOutputs, tmp_path: Path, variant: RewardVaria
     figure, data = figures.reward_figure(summary, variant)
     _check_labels_and_legend(figure)
     csv = _draw_twice("reward", stats.summary, tmp_path, variant)
-    columns = ["model", "n", *reward_columns(variant)]
+    columns = ["model", "n", "episodes", *reward_columns(variant)]
     assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
         summary.select(columns)
     )
@@ -86,7 +86,7 @@ def test_deadlock_figure(stats: StatsOutputs, tmp_path: Path) -> None:
     figure, _ = figures.deadlock_figure(summary)
     _check_labels_and_legend(figure)
     csv = _draw_twice("deadlock", stats.summary, tmp_path)
-    columns = ["model", "n", *figures.DEADLOCK_COLUMNS]
+    columns = ["model", "n", "episodes", *figures.DEADLOCK_COLUMNS]
     assert read_columns(csv, {c: summary.schema[c] for c in columns}).equals(
         summary.select(columns)
     )
@@ -217,3 +217,29 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
     assert data["actions_pick_up_left"].to_list()[:2] == pytest.approx([0.7, 0.6])
     assert "actions_eat" not in data.columns
     assert files[0].stat().st_size > 0
+
+
+def test_cell_figures_state_n_mark_small_cells_and_keep_the_legend_off_the_data(
+    stats: StatsOutputs,
+) -> None:
+    summary = read_table(stats.summary, summary_schema(CONFIG.variants))
+    # The hierarchy's cells as a 30-episode study's; every other cell keeps its 6 (or 3).
+    mixed = summary.with_columns(
+        episodes=pl.when(pl.col("model") == "hierarchy").then(30).otherwise(pl.col("episodes"))
+    )
+    for figure, _ in (
+        figures.reward_figure(mixed, RewardVariant.PAPER),
+        figures.deadlock_figure(mixed),
+    ):
+        (axes,) = figure.axes
+        assert axes.get_legend() is None
+        (legend,) = figure.legends
+        texts = [text.get_text() for text in legend.get_texts()]
+        assert {"hierarchy (n=30)", "silent (n=6)", "m@best_val (n=3)"} <= set(texts)
+        assert "hollow: n < 10\n(a smoke run)" in texts
+        faces = {
+            container.get_label().lstrip("_"): container.lines[0].get_markerfacecolor()
+            for container in axes.containers
+        }
+        assert faces["silent (n=6)"] == "none"
+        assert faces["hierarchy (n=30)"] != "none"

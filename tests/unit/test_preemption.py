@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -123,6 +124,15 @@ def test_run_inside_preemptible_gives_the_outer_handlers_back() -> None:
 
     with pytest.raises(Preempted):
         rollouts_then_a_signal()
+
+
+def test_a_job_log_that_succeeded_ends_with_its_wall_time(tmp_path) -> None:
+    path = tmp_path / "job.log"
+    with job_log(path, "job") as log:
+        log.info("working")
+    lines = path.read_text().splitlines()
+    assert "job: working" in lines[0]
+    assert re.search(r"INFO job: job done in \d+\.\d s$", lines[-1])
 
 
 def test_the_job_log_records_a_preemption_in_one_line_and_exits_with_its_code(tmp_path) -> None:

@@ -68,7 +68,11 @@ def test_lint_is_clean():
 
 @pytest.mark.slow
 def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
-    run(tiny_workflow, "snakemake", "--cores", "2", "all")
+    first = run(tiny_workflow, "snakemake", "--cores", "2", "all")
+    # The run ends by pointing at the report, which opens with what it found.
+    assert first.stdout.rstrip().endswith(
+        "Read results/report.md first: it opens with the findings."
+    )
     results = tiny_workflow / "results"
     summary = pl.read_csv(results / "stats" / "summary.csv")
     assert summary.height == len(tiny_config["models"]) * len(tiny_config["experiment"]["sizes"])
@@ -80,7 +84,8 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     monitors = pl.read_csv(results / "stats" / "monitors.csv")
     assert monitors.filter(pl.col("model") == "silent")["degenerate"].all()
     report = (results / "report.md").read_text()
-    for section in ("## Setup", "## Monitors", "## An episode, step by step", "## Paper vs ours"):
+    assert report.index("## Findings") < report.index("## Rewards") < report.index("## Setup")
+    for section in ("## Monitors", "## An episode, step by step", "## Paper vs ours"):
         assert section in report
     assert "](figures/reward_paper.png)" in report
     for stem in ("reward_paper", "deadlock", "reward_vs_meals_shaped", "components_paper"):

@@ -209,6 +209,7 @@ async def run_cell(
     Raises:
         CellErrors: More than ``max_error_share`` of the episodes ended in ``error``.
     """
+    started = time.perf_counter()
     done = _open_journal(cell, outputs)
     todo = [i for i in range(cell.episodes) if i not in done]
     logger.info("%s: %d journalled, %d to play", cell.label, len(done), len(todo))
@@ -248,13 +249,30 @@ async def run_cell(
     finally:
         if bar is not None:
             bar.close()
-    _check_errors(cell, outputs, max_error_share)
+    rows = _check_errors(cell, outputs, max_error_share)
     if merge:
         merge_journal(cell, outputs)
+    # The closing line of the job's log: what the cell holds, whatever was replayed.
+    logger.info(
+        "%s: done, %d episodes (%d played in %.1f s, %d resumed), %d errors, %d decisions, "
+        "%d meals",
+        cell.label,
+        rows.height,
+        played,
+        time.perf_counter() - started,
+        len(done),
+        (rows["status"] != "ok").sum(),
+        rows["decisions"].sum(),
+        rows["meals_total"].sum(),
+    )
 
 
-def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> None:
-    """Raise ``CellErrors`` when the journal holds too many error episodes, dropping them."""
+def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> pl.DataFrame:
+    """Raise ``CellErrors`` when the journal holds too many error episodes, dropping them.
+
+    Returns:
+        The journal's episode rows, when the errors are within ``max_error_share``.
+    """
     journal = outputs.journal
     rows = pl.concat(
         [pl.read_parquet(_journal_part(journal, i, "episodes")) for i in range(cell.episodes)]
@@ -269,7 +287,7 @@ def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> N
                 cell.episodes,
                 max_error_share,
             )
-        return
+        return rows
     steps = pl.concat([pl.read_parquet(_journal_part(journal, i, "steps")) for i in failed])
     kinds = Counter(steps.filter(pl.col("reason") == "transport_error")["raw"].to_list())
     # The episode part goes first: without it the episode is not done, whatever else is left.

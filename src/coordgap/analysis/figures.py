@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from coordgap.analysis.catalog import figure_spec
@@ -19,6 +20,7 @@ from coordgap.analysis.stats import (
     COMPONENT_SCHEMA,
     SEAT_COLUMNS,
     SEAT_SCHEMA,
+    SMALL_CELL,
     episode_reward_schema,
     read_columns,
     reward_columns,
@@ -53,10 +55,19 @@ def _sizes(table: pl.DataFrame) -> list[int]:
     return table["n"].unique().sort().to_list()
 
 
+def _episodes(counts: Sequence[int]) -> str:
+    low, high = min(counts), max(counts)
+    return f"n={low}" if low == high else f"n={low}-{high}"
+
+
 def _dodged_intervals(
     axes: Axes, data: pl.DataFrame, x: str, columns: Sequence[str], models: Sequence[str]
 ) -> None:
     """Draw each model's estimates with their intervals, side by side around each x value.
+
+    Where ``data`` has an ``episodes`` column (one row per model x N cell), each model's label
+    states its episodes per cell and the cells below :data:`SMALL_CELL` episodes are drawn
+    hollow: their intervals are a smoke run's, not estimates to set beside the others.
 
     Args:
         axes: Where to draw.
@@ -68,24 +79,52 @@ def _dodged_intervals(
     positions = {value: index for index, value in enumerate(data[x].unique().sort())}
     step = _GROUP_WIDTH / len(models)
     value, low, high = columns
+    counted = "episodes" in data.columns
     for index, (model, mark) in enumerate(marks(models).items()):
         cell = data.filter(pl.col("model") == model)
         if cell.is_empty():
             continue
         offset = (index - (len(models) - 1) / 2) * step
-        centre = cell[value].to_numpy()
-        errors = np.vstack([centre - cell[low].to_numpy(), cell[high].to_numpy() - centre])
-        axes.errorbar(
-            [positions[v] + offset for v in cell[x]],
-            centre,
-            yerr=np.nan_to_num(errors),  # an undefined interval is drawn as none
-            fmt=mark.marker,
-            color=mark.colour,
-            markersize=5,
-            capsize=2.5,
-            label=model,
+        label = f"{model} ({_episodes(cell['episodes'].to_list())})" if counted else model
+        small = (
+            cell["episodes"] < SMALL_CELL
+            if counted
+            else pl.zeros(cell.height, dtype=pl.Boolean, eager=True)
         )
+        for hollow in (False, True):
+            part = cell.filter(small if hollow else ~small)
+            if part.is_empty():
+                continue
+            centre = part[value].to_numpy()
+            errors = np.vstack([centre - part[low].to_numpy(), part[high].to_numpy() - centre])
+            axes.errorbar(
+                [positions[v] + offset for v in part[x]],
+                centre,
+                yerr=np.nan_to_num(errors),  # an undefined interval is drawn as none
+                fmt=mark.marker,
+                color=mark.colour,
+                markerfacecolor="none" if hollow else mark.colour,
+                markersize=5,
+                capsize=2.5,
+                label=label,
+            )
+            label = "_" + label  # one legend entry per model: matplotlib skips "_" labels
     axes.set_xticks(range(len(positions)), [str(v) for v in positions])
+
+
+def _cells_legend(figure: Figure, axes: Axes, data: pl.DataFrame) -> None:
+    """Put a per-cell figure's legend right of its axes, off the data.
+
+    A hollow mark gets an entry of its own when some cell has fewer than :data:`SMALL_CELL`
+    episodes.
+    """
+    handles, labels = axes.get_legend_handles_labels()
+    if (data["episodes"] < SMALL_CELL).any():
+        handles.append(
+            Line2D([], [], marker="o", color="0.3", markerfacecolor="none", linestyle="none")
+        )
+        labels.append(f"hollow: n < {SMALL_CELL}\n(a smoke run)")
+    figure.legend(handles, labels, title="model (episodes per cell)", loc="outside right upper")
 
 
 def _shared_legend(figure: Figure, panels: Sequence[Axes], title: str | None = None) -> None:
@@ -104,13 +143,13 @@ def reward_figure(summary: pl.DataFrame, variant: RewardVariant) -> tuple[Figure
     Returns:
         The figure, and the columns of ``summary`` it shows.
     """
-    data = summary.select("model", "n", *reward_columns(variant))
-    figure, (axes,) = new_figure(6.4, 3.8)
+    data = summary.select("model", "n", "episodes", *reward_columns(variant))
+    figure, (axes,) = new_figure(7.6, 3.8)
     _dodged_intervals(axes, data, "n", reward_columns(variant), _models(data))
     axes.set_xticklabels([f"N={n}" for n in _sizes(data)])
     axes.set_xlabel("philosophers at the table")
     axes.set_ylabel(f"mean {variant} reward (bootstrap CI)")
-    axes.legend(title="model", loc="best")
+    _cells_legend(figure, axes, data)
     return figure, data
 
 
@@ -123,14 +162,14 @@ def deadlock_figure(summary: pl.DataFrame) -> tuple[Figure, pl.DataFrame]:
     Returns:
         The figure, and the columns of ``summary`` it shows.
     """
-    data = summary.select("model", "n", *DEADLOCK_COLUMNS)
-    figure, (axes,) = new_figure(6.4, 3.8)
+    data = summary.select("model", "n", "episodes", *DEADLOCK_COLUMNS)
+    figure, (axes,) = new_figure(7.6, 3.8)
     _dodged_intervals(axes, data, "n", DEADLOCK_COLUMNS, _models(data))
     axes.set_xticklabels([f"N={n}" for n in _sizes(data)])
     axes.set_ylim(-0.05, 1.05)
     axes.set_xlabel("philosophers at the table")
     axes.set_ylabel("share of episodes that deadlocked (Wilson CI)")
-    axes.legend(title="model", loc="best")
+    _cells_legend(figure, axes, data)
     return figure, data
 
 
@@ -273,7 +312,8 @@ def meals_by_seat_figure(seats: pl.DataFrame) -> tuple[Figure, pl.DataFrame]:
 
 
 def _summary_columns(columns: Sequence[str]) -> dict[str, pl.DataType]:
-    return {"model": pl.String(), "n": pl.Int64()} | dict.fromkeys(columns, pl.Float64())
+    cell = {"model": pl.String(), "n": pl.Int64(), "episodes": pl.Int64()}
+    return cell | dict.fromkeys(columns, pl.Float64())
 
 
 # How each figure of coordgap.analysis.catalog is drawn, by its name: the columns it reads
