@@ -26,8 +26,10 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: all test lint touch clean-results art-runtime
 
+# dvc commit records what Snakemake built in dvc.lock, so the first `dvc repro` has nothing to do.
 all: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) all
+	$(BIN)/dvc commit --force --quiet
 
 test: $(VENV)/.installed $(VENV)/.llama-server
 	$(BIN)/ruff check .

@@ -31,7 +31,7 @@ rule compute_stats:
             category="Tables",
             labels={"table": "episode rewards"},
         ),
-        metrics="results/metrics.json",
+        metrics=directory(METRICS),
     params:
         code=code_of("compute_stats"),
         reward=lookup(dpath="reward", within=config),
@@ -213,11 +213,17 @@ rule write_report:
         records=provenance_records(),
         paper_reference="config/paper_reference.yaml",
     output:
-        report(
+        markdown=report(
             REPORT,
             caption="../workflow/report/report_md.rst",
             category="Report",
             labels={"file": "report.md"},
+        ),
+        page=report(
+            REPORT_PAGE,
+            caption="../workflow/report/report_html.rst",
+            category="Report",
+            labels={"file": "report.html"},
         ),
     params:
         code=code_of("write_report"),

@@ -28,6 +28,10 @@ SITE = load_site()
 
 # The study's report: the last output of `all`, and what a run's last line points at.
 REPORT = "results/report.md"
+# The same report as one self-contained page (figures inline), beside it for its CSV links.
+REPORT_PAGE = "results/report.html"
+# The headline numbers for `dvc metrics`, one JSON file per model (a row of `dvc metrics show`).
+METRICS = "results/metrics"
 
 MODELS = list(config["models"])
 # Each model as the class of its kind (coordgap.config.play): what its jobs need.
@@ -390,7 +394,8 @@ def final_targets():
                 "monitors",
             ],
         ),
-        "results/metrics.json",
+        METRICS,
         *(str(Path(png).with_suffix(ext)) for png in figures for ext in (".png", ".pdf", ".csv")),
         REPORT,
+        REPORT_PAGE,
     ]

@@ -279,13 +279,25 @@ def test_written_tables_are_byte_stable_and_read_back(tmp_path: Path) -> None:
     files = [*vars(first.stats).values(), first.comparisons, first.power, first.monitors]
     again = [*vars(second.stats).values(), second.comparisons, second.power, second.monitors]
     for a, b in zip(files, again, strict=True):
-        assert Path(a).read_bytes() == Path(b).read_bytes(), a
+        if Path(a).is_dir():
+            assert sorted(p.name for p in Path(a).iterdir()) == sorted(
+                p.name for p in Path(b).iterdir()
+            )
+            a, b = sorted(Path(a).iterdir()), sorted(Path(b).iterdir())
+        else:
+            a, b = [a], [b]
+        assert [Path(f).read_bytes() for f in a] == [Path(f).read_bytes() for f in b], a
     summary = read_table(first.stats.summary, summary_schema(CONFIG.variants))
     assert summary.select("model", "n").rows() == sorted(summary.select("model", "n").rows())
     assert read_table(first.comparisons, COMPARISON_SCHEMA).height == 2 * 3 * 2
-    metrics = json.loads(first.stats.metrics.read_text(encoding="utf-8"))
-    assert metrics["silent"]["n5"] == {"deadlock_rate": 0.0, "reward_paper": 1.0}
-    assert set(metrics["hierarchy"]) == {"n5", "n7"}
+    # One metrics file per model, a row of `dvc metrics show` each.
+    assert sorted(p.name for p in first.stats.metrics.iterdir()) == [
+        f"{model}.json" for model in ("hierarchy", "idle", "left_first", "silent")
+    ]
+    silent = json.loads((first.stats.metrics / "silent.json").read_text(encoding="utf-8"))
+    assert silent["n5"] == {"deadlock_rate": 0.0, "reward_paper": 1.0}
+    hierarchy = json.loads((first.stats.metrics / "hierarchy.json").read_text(encoding="utf-8"))
+    assert set(hierarchy) == {"n5", "n7"}
 
 
 def test_write_csv_rounds_and_writes_no_nan_and_no_negative_zero(tmp_path: Path) -> None:

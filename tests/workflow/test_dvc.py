@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import copy_workflow, run, tiny_training_config
+from tests.conftest import ROOT, copy_workflow, run, tiny_training_config, tool_env
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]
 
@@ -34,12 +37,15 @@ def _git(repo, *args: str) -> None:
 
 
 def _repo(path, config: dict):
-    """A git + DVC repository holding the workflow with ``config``, committed."""
+    """A git + DVC repository holding the workflow (its Makefile and DVC plot templates too)
+    with ``config``, committed."""
     repo = copy_workflow(path, config)
+    shutil.copy2(ROOT / "Makefile", repo / "Makefile")
     (repo / ".gitignore").write_text(".snakemake/\nlogs/\n")
     _git(repo, "init", "-q")
     run(repo, "dvc", "init", "-q")
     run(repo, "dvc", "config", "core.analytics", "false")
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "workflow")
     return repo
@@ -59,18 +65,33 @@ def _edit(repo, change) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def test_repro_builds_then_noop_then_reward_change_reruns_only_analysis(dvc_repo):
-    first = run(dvc_repo, "dvc", "repro")
-    assert "Using workflow specific profile profiles/default" in first.stdout + first.stderr
+def _make_all(repo) -> None:
+    """Run the Makefile's ``all`` recipe in ``repo`` with this venv (already installed)."""
+    venv = Path(sys.executable).parents[1]
+    make = ["make", "all", f"VENV={venv}", "CORES=2", "-o", str(venv / ".installed")]
+    result = subprocess.run(
+        make, cwd=repo, env=tool_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"{make}:\n{result.stdout}\n{result.stderr}"
+
+
+def test_make_all_leaves_repro_nothing_to_do_then_a_reward_change_reruns_only_analysis(dvc_repo):
+    _make_all(dvc_repo)
     assert (dvc_repo / "results" / "report.md").exists()
     assert (dvc_repo / "dvc.lock").exists()
     episodes = sorted((dvc_repo / "results" / "episodes").rglob("*.parquet"))
     assert len(episodes) == 3 * 3 * 2  # episode, step and transcript tables, 3 models x 2 sizes
-    assert "Running stage 'episodes'" in first.stdout
 
     second = run(dvc_repo, "dvc", "repro")
     assert "Running stage" not in second.stdout, second.stdout
     assert run(dvc_repo, "dvc", "status").stdout.strip().endswith("up to date.")
+    # A row per model in `dvc metrics show`; the summary's plots draw a line per model.
+    metrics = run(dvc_repo, "dvc", "metrics", "show").stdout
+    for model in ("resource_hierarchy", "left_first", "silent"):
+        assert re.search(rf"^results/metrics/{model}\.json\s", metrics, re.M), metrics
+    plots = json.loads(run(dvc_repo, "dvc", "plots", "show", "--json").stdout)["data"]
+    (summary,) = plots["results/stats/summary.csv"]
+    assert summary["content"]["encoding"]["color"]["field"] == "model"
 
     mtimes = {path: path.stat().st_mtime_ns for path in episodes}
     report_before = (dvc_repo / "results" / "report.md").read_text()

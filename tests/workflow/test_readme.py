@@ -39,7 +39,7 @@ SEPARATORS = {";", "&&"}
 DVC_RESOLVE_ONLY = {
     "push": "needs the remote's storage",
     "pull": "needs the remote's storage",
-    "metrics": "reads results/metrics.json, which `make all` writes",
+    "metrics": "reads results/metrics, which `make all` writes",
     "plots": "reads the statistics tables, which `make all` writes",
 }
 # Models whose cells are cheap enough to play for `coordgap show` (scripted policies).

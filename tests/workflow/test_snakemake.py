@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import polars as pl
 import pytest
 import yaml
 
 from coordgap.config.training import evaluated_steps
+from tests.browser import page_facts
 from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, planned, run, tiny_training_config
 
 pytestmark = pytest.mark.workflow
@@ -85,6 +87,14 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     assert monitors.filter(pl.col("model") == "silent")["degenerate"].all()
     report = (results / "report.md").read_text()
     assert report.index("## Findings") < report.index("## Rewards") < report.index("## Setup")
+    # The same report as one page, read by a real browser: every figure inline and decoded,
+    # every table, the findings first.
+    page = page_facts(results / "report.html")
+    assert page["images"] == report.count("![") > 5
+    assert page["decoded"] == page["images"]
+    assert page["tables"] == len(re.findall(r"^\| --- \|", report, flags=re.MULTILINE)) > 5
+    assert page["headings"][0] == "Findings"
+    assert page["headings"][-1] == "Setup"
     for section in ("## Monitors", "## An episode, step by step", "## Paper vs ours"):
         assert section in report
     assert "](figures/reward_paper.png)" in report

@@ -1,7 +1,8 @@
-"""Adapter of rule write_report: results/report.md with setup, tables, figures and the paper."""
+"""Adapter of rule write_report: results/report.md, and the same as one page (report.html)."""
 
 from pathlib import Path
 
+from coordgap.analysis.html import write_report_html
 from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.logs import job_log
 from coordgap.provenance import Provenance
@@ -25,5 +26,6 @@ with job_log(snakemake.log[0], "write_report"):
         config=snakemake.params.config,
         # Snakemake runs the job in the workflow's folder: its git checkout is the code's.
         provenance=Provenance.collect(snakemake.params.config, root=Path.cwd()),
-        out_md=snakemake.output[0],
+        out_md=snakemake.output.markdown,
     )
+    write_report_html(snakemake.output.markdown, snakemake.output.page)

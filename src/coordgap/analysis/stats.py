@@ -431,7 +431,7 @@ class StatsOutputs:
     components: str | Path
     seats: str | Path
     episode_rewards: str | Path
-    metrics: str | Path
+    metrics: str | Path  # a folder: one JSON file of headline numbers per model
 
 
 def write_stats(
@@ -453,5 +453,9 @@ def write_stats(
     write_csv(seat_table(episodes, config), outputs.seats)
     write_csv(episode_rewards(episodes, config), outputs.episode_rewards)
     rounded = summary.with_columns(pl.col(pl.Float64).round(DECIMALS))
-    text = json.dumps(metrics(rounded, config), sort_keys=True, indent=2)
-    Path(outputs.metrics).write_text(text + "\n", encoding="utf-8")
+    # One file per model: `dvc metrics show` prints a row per file, so a model is a row.
+    folder = Path(outputs.metrics)
+    folder.mkdir(parents=True, exist_ok=True)
+    for model, numbers in metrics(rounded, config).items():
+        text = json.dumps(numbers, sort_keys=True, indent=2)
+        (folder / f"{model}.json").write_text(text + "\n", encoding="utf-8")
