@@ -69,7 +69,7 @@ try:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
     from coordgap.models.prepare import prepare_model
-    from coordgap.policies.local import LocalChatModel
+    from coordgap.policies.local import LocalChatModel, compute_dtype
     from coordgap.training.grpo import TorchGRPOTrainer
     from coordgap.training.trajectories import trajectory_groups
 except ModuleNotFoundError as missing:
@@ -146,7 +146,8 @@ def device_found(device: torch.device) -> dict[str, Any]:
 def bf16_peak(device: torch.device) -> float:
     """The best bf16 FLOP/s of a large matrix product on ``device``."""
     if device.type == "cpu":
-        return matmul_peak(torch.bfloat16)
+        # The dtype a bf16 model computes in on this CPU (float32 where oneDNN has no bf16).
+        return matmul_peak(compute_dtype("bfloat16", "cpu"))
     size = GPU_PEAK_SIZE
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)

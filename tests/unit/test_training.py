@@ -29,7 +29,7 @@ from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.episodes import transcript_row
 from coordgap.policies.base import Decision, NoCallReason
-from coordgap.policies.local import template_kwargs
+from coordgap.policies.local import compute_dtype, template_kwargs
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs, rollout_rewards
@@ -575,5 +575,5 @@ def test_the_probe_measures_how_far_the_policy_moved(
     after = dict(zip([id(p) for p in trainer.model.parameters()], weights, strict=True))
     for parameter in trainer.model.parameters():
         if not parameter.requires_grad:
-            assert parameter.dtype == torch.bfloat16
+            assert parameter.dtype == compute_dtype(BASE["dtype"], "cpu")
             assert torch.equal(parameter, after[id(parameter)])

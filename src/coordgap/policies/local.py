@@ -61,6 +61,31 @@ logger = logging.getLogger(__name__)
 
 Decoding = Literal["constrained", "free"]
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def compute_dtype(dtype: str, device: str) -> torch.dtype:
+    """The dtype a model configured with ``dtype`` computes in on ``device``.
+
+    ``bfloat16`` means bf16 weights computed in bf16, except on a CPU for which oneDNN has no
+    bf16 kernels (an AVX2-only CPU): there torch multiplies bf16 matrices in a scalar fallback,
+    measured at 1.2 GFLOP/s against float32's 65 on one core of such a machine, so the same
+    bf16-rounded weights compute in float32 instead (exactly representable, and closer to the
+    exact result than any bf16 kernel). Machines of this kind already round bf16 differently on
+    each oneDNN path; this is one more path, logged by the loaders, and the same on every run of
+    the same machine.
+
+    Args:
+        dtype: A key of :data:`DTYPES`.
+        device: ``cpu`` or ``cuda``.
+
+    Returns:
+        The torch dtype to load the weights in.
+    """
+    if dtype == "bfloat16" and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.float32
+    return DTYPES[dtype]
+
+
 # PyTorch's fused attention. It takes the packed rows' arbitrary 4D
 # masks, and on a CPU it decides about 1.4x faster than eager attention, which materialises
 # every score and its float32 softmax (benchmarks/README.md, "Numerics").
@@ -349,7 +374,7 @@ class LocalChatModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+            path, dtype=compute_dtype(dtype, device), attn_implementation=ATTENTION
         ).to(device)
         if adapter is not None:
             from peft import PeftModel
@@ -359,9 +384,10 @@ class LocalChatModel:
             model = PeftModel.from_pretrained(model, adapter)
         # The job's thread variables (Snakemake sets them from the rule's threads) decide this.
         logger.info(
-            "%s in %s on %s (adapter: %s), torch threads: %d",
+            "%s in %s (computed in %s) on %s (adapter: %s), torch threads: %d",
             path,
             dtype,
+            model.dtype,
             device,
             adapter,
             torch.get_num_threads(),

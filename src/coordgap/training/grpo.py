@@ -59,12 +59,12 @@ from coordgap import preemption
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.local import (
     ATTENTION,
-    DTYPES,
     LocalChatModel,
     additive_mask,
     candidate_columns,
     candidate_log_probs,
     candidate_row,
+    compute_dtype,
     packed_layout,
 )
 from coordgap.training._art import art
@@ -182,8 +182,9 @@ class TorchGRPOTrainer:
         # model, so the policy that acts is the policy the checkpoints are tested as. (In bf16,
         # eager attention rounds its probabilities to bf16 and expresses a small update even
         # less than SDPA does; the update uses it only for its faster backward: log_probs.)
+        # The dtype the sampler computes in, so that the policy trained is the policy that acts.
         model = AutoModelForCausalLM.from_pretrained(
-            weights, dtype=DTYPES[base["dtype"]], attn_implementation=ATTENTION
+            weights, dtype=compute_dtype(base["dtype"], device), attn_implementation=ATTENTION
         ).to(device)
         if adapter is None:
             lora = LoraConfig(
