@@ -132,7 +132,8 @@ def trainer(smollm2_dir: Path) -> TorchGRPOTrainer:
 def play_step(trainer: TorchGRPOTrainer, folder: Path) -> dict[str, pl.DataFrame]:
     """Step 0's rollout tables under the trainer's current policy, journalled in ``folder``."""
     run = tiny_run()
-    cell = rollout_cell(run, tiny_env(), 11, 0, 0)
+    # One round: 6 decisions, enough for every update test and half the cost of two rounds.
+    cell = rollout_cell(run, tiny_env(rounds=1), 11, 0, 0)
     outputs = rollout_outputs(folder, 0)
     return asyncio.run(
         play_rollouts(trainer.sampler(), cell, outputs, TEMPLATES, run.max_in_flight)
@@ -296,7 +297,8 @@ def test_a_step_of_error_rollouts_fails_rather_than_training_on_what_is_left(
     tmp_path: Path,
 ) -> None:
     run = tiny_run()
-    cell = rollout_cell(run, tiny_env(), 11, 0, 0)
+    # One round: 6 decisions, enough for every update test and half the cost of two rounds.
+    cell = rollout_cell(run, tiny_env(rounds=1), 11, 0, 0)
     outputs = rollout_outputs(tmp_path, 0)
     rollouts = play_rollouts(_UnreachableBackend(), cell, outputs, TEMPLATES, run.max_in_flight)
     with pytest.raises(CellErrors, match=r"tiny n=3 step_0000: 2 of 2 episodes ended in error"):
@@ -371,10 +373,13 @@ def test_training_moves_the_six_way_policy_toward_the_rewarded_call(smollm2_dir:
     favours earns 0, on two tables; three GRPO steps at learning rate 1e-4.
 
     The decision-level objective must raise log mu(think) on the real six-tool prompts by at
-    least 3 nats (measured: 3.84 and 3.85) and lower the favoured call's; training the same
-    decisions' raw token log-probs (the former objective) must stay below 2.5 (measured: 1.83
-    and 2.04): with the paired +-1 advantages, the tokens every call shares cancel, and the
-    rest of its step still goes to the tokens of the calls rather than to mu.
+    least 3 nats and lower the favoured call's; training the same decisions' raw token
+    log-probs (the former objective) must raise it at least 1.5 nats less: with the paired +-1
+    advantages, the tokens every call shares cancel, and the rest of its step still goes to the
+    tokens of the calls rather than to mu. Measured, decision against token: 3.84 and 3.85
+    against 1.83 and 2.04 computing in bf16 (AVX-512 and AMX machines); 6.36 and 6.24 against
+    4.53 and 4.57 computing in float32 (an AVX2 machine, coordgap.policies.local.compute_dtype),
+    where bf16's rounding no longer damps the small steps of either objective.
     """
     chats = table_conversations(2)
     think = SIX.index(Tool.THINK)
@@ -401,7 +406,7 @@ def test_training_moves_the_six_way_policy_toward_the_rewarded_call(smollm2_dir:
             for row, top in enumerate(favoured):
                 assert after[row, SIX.index(top)] < before[row, SIX.index(top)]
     assert (gains["decision"] >= 3.0).all(), gains
-    assert (gains["token"] < 2.5).all(), gains
+    assert (gains["decision"] - gains["token"] >= 1.5).all(), gains
 
 
 # --- ART fidelity ---------------------------------------------------------------------------
