@@ -31,10 +31,14 @@ all: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) all
 	$(BIN)/dvc commit --force --quiet
 
+# Two pytest workers, each taking whole test files (their module fixtures, such as a trained
+# run, are built once): on 2 cores the suite waits on subprocesses, servers and Slurm as much
+# as it computes, and two workers keep both cores busy.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed $(VENV)/.llama-server
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
