@@ -66,7 +66,9 @@ def run(
         env=tool_env(site) | (env or {}),
         capture_output=True,
         text=True,
-        timeout=600,
+        # make test runs two pytest workers on two cores: a training study beside another
+        # test's model takes about twice its time alone (600 s was too little for two).
+        timeout=1800,
     )
     if check and result.returncode != 0:
         output = f"{result.stdout}\n{result.stderr}"

@@ -77,7 +77,7 @@ def _dodged_intervals(
         models: Every model of the figure, which fixes marks and offsets.
     """
     positions = {value: index for index, value in enumerate(data[x].unique().sort())}
-    step = _GROUP_WIDTH / len(models)
+    step = _GROUP_WIDTH / max(len(models), 1)
     value, low, high = columns
     counted = "episodes" in data.columns
     for index, (model, mark) in enumerate(marks(models).items()):
@@ -192,8 +192,8 @@ def reward_vs_meals_figure(
     data = episode_rewards.select("model", "n", "episode", "meals_total", reward)
     models, sizes = _models(data), _sizes(data)
     figure, panels = new_figure(3.0 * len(sizes) + 1.0, 3.6, panels=len(sizes))
-    step = _GROUP_WIDTH / len(models)
-    for axes, n in zip(panels, sizes, strict=True):
+    step = _GROUP_WIDTH / max(len(models), 1)
+    for axes, n in zip(panels[: len(sizes)], sizes, strict=True):
         cell = data.filter(pl.col("n") == n)
         axes.axvspan(-0.5, 0.5, color="0.93", zorder=0, label="no meal")
         for index, (model, mark) in enumerate(marks(models).items()):
@@ -240,7 +240,7 @@ def components_figure(
     models, sizes = _models(data), _sizes(data)
     figure, panels = new_figure(1.2 + len(sizes) * (0.5 * len(models) + 0.8), 3.8, len(sizes))
     x = np.arange(len(models))
-    for axes, n in zip(panels, sizes, strict=True):
+    for axes, n in zip(panels[: len(sizes)], sizes, strict=True):
         # models x components; a model missing at this N, or without ok episodes, stacks nothing.
         wide = (
             pl.DataFrame({"model": models})
@@ -302,7 +302,7 @@ def meals_by_seat_figure(seats: pl.DataFrame) -> tuple[Figure, pl.DataFrame]:
     data = seats.select("model", "n", "seat", *SEAT_COLUMNS)
     models, sizes = _models(data), _sizes(data)
     figure, panels = new_figure(1.5 + sum(0.35 * n + 0.6 for n in sizes), 3.6, len(sizes))
-    for axes, n in zip(panels, sizes, strict=True):
+    for axes, n in zip(panels[: len(sizes)], sizes, strict=True):
         _dodged_intervals(axes, data.filter(pl.col("n") == n), "seat", SEAT_COLUMNS, models)
         axes.set_title(f"N={n}")
         axes.set_xlabel("seat")

@@ -98,7 +98,9 @@ def new_figure(width: float, height: float, panels: int = 1) -> tuple[Figure, li
     """
     figure = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, panels, sharey=True, squeeze=False)[0]
+    # One panel per N: a study whose every episode ended in an error still gets an (empty)
+    # figure rather than a crash of its job.
+    axes = figure.subplots(1, max(panels, 1), sharey=True, squeeze=False)[0]
     return figure, list(axes)
 
 
