@@ -56,9 +56,7 @@ def _cell_sizes(summary: pl.DataFrame, power: pl.DataFrame) -> str:
     if played.is_empty():
         return "**Cell sizes.** No cell has an episode that ended without an error."
     smallest = int(played["episodes"].min())
-    largest = int(played["episodes"].max())
-    sizes = f"{smallest}" if smallest == largest else f"{smallest} to {largest}"
-    text = f"**Cell sizes.** Cells hold {sizes} episodes."
+    text = f"**Cell sizes.** Cells hold {_range(played['episodes'].to_list(), str)} episodes."
     design = power.filter(pl.col("design") == "ours", pl.col("episodes_per_cell") == smallest)
     if not design.is_empty():
         row = design.row(0, named=True)
@@ -94,7 +92,7 @@ def _deadlock(summary: pl.DataFrame) -> str:
     parts = [
         f"{label}: {', '.join(models)}"
         for label, models in (
-            ("In every episode at every N", always),
+            ("in every episode at every N", always),
             ("in some episodes (rate over N)", sometimes),
             ("never", never),
         )
@@ -102,7 +100,8 @@ def _deadlock(summary: pl.DataFrame) -> str:
     ]
     if not parts:
         return "**Deadlock.** No cell has an ok episode."
-    return "**Deadlock.** " + "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + "."
+    text = "; ".join(parts)
+    return f"**Deadlock.** {text[0].upper()}{text[1:]}."
 
 
 def _errors(summary: pl.DataFrame) -> str | None:
