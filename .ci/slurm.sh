@@ -91,8 +91,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 # The executor polls with squeue: finished jobs must stay listed for a while (the plugin
-# falls back to sacct when MinJobAge is under 3x its first status-check delay).
-MinJobAge=600
+# falls back to sacct when MinJobAge is under 3x its first status-check delay). The tests read
+# every job's record after their run, which beside another pytest worker takes over 10 min:
+# a record kept 600 s was gone by then (scontrol show job failed).
+MinJobAge=3600
 # A restarted slurmd brings the node back without an admin's scontrol update.
 ReturnToService=2
 # Trust this file's CPUs and RealMemory over what slurmd detects (VMs report odd topologies).
