@@ -5,6 +5,11 @@ interval for a binomial proportion or for a difference of two, so the Wilson sco
 Newcombe's hybrid score interval for a difference (Newcombe 1998, method 10) are computed here
 by hand; the tests hold them to statsmodels and to Newcombe's published worked examples.
 
+A sample whose every value is 0 or 1 is a binary outcome (with the small model the paper reward
+is 1 - deadlock): :func:`mean_interval` and :func:`difference_interval` then use Wilson's and
+Newcombe's intervals, which keep their coverage at 6 episodes and at 0 or n successes, where a
+bootstrap interval of 6 equal outcomes collapses to a point. Other samples get the bootstrap.
+
 Every function returns NaN where an interval is undefined (no data, or a sample too small to
 resample), never a made-up width.
 """
@@ -146,3 +151,49 @@ def bootstrap_difference_ci(
         seed=seed,
     )
     return float(low), float(high)
+
+
+def is_binary(values: np.ndarray) -> bool:
+    """Whether every value is 0 or 1: a sample of a binary outcome."""
+    return bool(np.isin(values, (0.0, 1.0)).all())
+
+
+def mean_interval(
+    values: np.ndarray, confidence: float, resamples: int, seed: int
+) -> tuple[float, float, float]:
+    """A mean with its interval: Wilson's for a binary sample, the bootstrap's otherwise.
+
+    Args:
+        values: The sample.
+        confidence: Coverage, e.g. 0.95.
+        resamples: Bootstrap resamples of a non-binary sample.
+        seed: Seed of the bootstrap, as in :func:`bootstrap_mean_ci`.
+
+    Returns:
+        The mean and the interval's bounds, as :func:`bootstrap_mean_ci` returns them; a binary
+        sample of one episode has Wilson's (wide) interval.
+    """
+    if values.size and is_binary(values):
+        successes = int(values.sum())
+        return successes / values.size, *wilson_interval(successes, values.size, confidence)
+    return bootstrap_mean_ci(values, confidence, resamples, seed)
+
+
+def difference_interval(
+    x: np.ndarray, y: np.ndarray, confidence: float, resamples: int, seed: int
+) -> tuple[float, float]:
+    """An interval of ``mean(x) - mean(y)``: Newcombe's when both are binary, else the bootstrap's.
+
+    Args:
+        x: The first sample.
+        y: The second sample.
+        confidence: Coverage, e.g. 0.95.
+        resamples: Bootstrap resamples of non-binary samples.
+        seed: Seed of the bootstrap, as in :func:`bootstrap_mean_ci`.
+
+    Returns:
+        The bounds, as :func:`bootstrap_difference_ci` returns them.
+    """
+    if min(x.size, y.size) >= 2 and is_binary(x) and is_binary(y):
+        return newcombe_interval(int(x.sum()), x.size, int(y.sum()), y.size, confidence)
+    return bootstrap_difference_ci(x, y, confidence, resamples, seed)

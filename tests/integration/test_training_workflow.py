@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from coordgap.config.training import TrainingRunConfig
 from coordgap.env.protocols import Tool
-from coordgap.training.loop import rollout_rewards
+from coordgap.tracking import EXPERIMENT
+from coordgap.training.history import rollout_rewards
 from tests.conftest import copy_workflow, run, tiny_training_config
 from tests.integration.processes import signal_when
 
@@ -50,7 +52,31 @@ def _committed(project: Path) -> int:
 
 @pytest.fixture(scope="module")
 def config(smollm2_dir: Path) -> dict:
-    return tiny_training_config(smollm2_dir)
+    # Tracked in MLflow: every job of the study logs into one SQLite store, some at once.
+    return {**tiny_training_config(smollm2_dir), "tracking": "mlflow"}
+
+
+def _tracked(project: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """The MLflow store's curves of the run's streams: stream -> metric -> (step, value)."""
+    client = MlflowClient(f"sqlite:///{project / 'results/tracking/mlflow.db'}")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    return {
+        found.data.tags["coordgap.stream"]: {
+            metric: [
+                (point.step, point.value)
+                for point in client.get_metric_history(found.info.run_id, metric)
+            ]
+            for metric in found.data.metrics
+        }
+        for found in client.search_runs([experiment.experiment_id])
+    }
+
+
+def _assert_tracked_history(project: Path) -> None:
+    """The train stream holds each committed step once, as the history table has it."""
+    history = pl.read_parquet(project / TARGET)
+    curve = _tracked(project)["train"]["reward_mean"]
+    assert curve == list(zip(history["step"], history["reward_mean"], strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +155,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     run(killed, "snakemake", "--cores", "2", TARGET)
     assert "resuming at step 1 of 2" in (killed / JOB_LOG).read_text()
     _assert_same_run(killed, uninterrupted)
+    # The resumed job logged the step committed before the kill again, and only once.
+    _assert_tracked_history(killed)
 
 
 def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
@@ -150,6 +178,7 @@ def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
     assert "Traceback" not in log
     run(stopped, "snakemake", "--cores", "2", TARGET)
     _assert_same_run(stopped, uninterrupted)
+    _assert_tracked_history(stopped)
 
 
 def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Path) -> None:
@@ -183,6 +212,13 @@ def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Pat
     for path in (results / "train/tiny-grpo/rollouts").glob("step_????.parquet"):
         seen |= {*pl.read_parquet(path)["scenario"]}
     assert not seen & {*base["scenario"]}
+    # Tracked: the training curve, each validated checkpoint, each test cell at its step.
+    _assert_tracked_history(uninterrupted)
+    tracked = _tracked(uninterrupted)
+    assert [step for step, _ in tracked["validation"]["reward_mean"]] == [0, 1, 2]
+    assert tracked["validation"]["episodes"] == [(0, 2.0), (1, 2.0), (2, 2.0)]
+    assert tracked["test/best_val/n3"]["episodes"] == [(chosen, 2.0)]
+    assert set(tracked) == {"train", "validation", "test/last/n3", "test/best_val/n3"}
     comparisons = pl.read_csv(results / "stats/comparisons.csv")
     families = set(comparisons["family"])
     assert {"tiny-grpo: selected vs base", "tiny-grpo: selected vs last"} <= families

@@ -7,15 +7,16 @@ import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 import pytest
 from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import proportion_confint
 
-from coordgap.analysis.comparisons import COMPARISON_SCHEMA, compare
+from coordgap.analysis.comparisons import COMPARISON_SCHEMA, compare, two_sample_tests
 from coordgap.analysis.stats import (
     SEAT_SCHEMA,
     component_table,
@@ -29,9 +30,6 @@ from coordgap.analysis.stats import (
 )
 from coordgap.env.variants import RewardVariant, reward_expr
 from tests.unit.analysis_tables import COMPARE, CONFIG, episode, frame, table, write_tables
-
-if TYPE_CHECKING:
-    import numpy as np
 
 pytestmark = pytest.mark.unit
 
@@ -87,11 +85,20 @@ def test_tokens_and_latency_per_decision_only_where_recorded() -> None:
     assert hierarchy["latency_s_per_decision"] is None
 
 
-def test_zero_variance_cell_has_a_zero_width_interval_and_zero_sd() -> None:
-    silent = cell(summarize(table(), CONFIG), "silent")
-    assert silent["reward_paper_mean"] == silent["reward_paper_ci_low"] == 1.0
-    assert silent["reward_paper_ci_high"] == 1.0
+def test_a_binary_cell_has_wilsons_interval_and_a_constant_one_a_zero_width_one() -> None:
+    summary = summarize(table(), CONFIG)
+    # Six paper rewards of exactly 1.0 are six successes of a binary outcome: Wilson's interval,
+    # not the bootstrap's point [1, 1].
+    silent = cell(summary, "silent")
+    assert silent["reward_paper_mean"] == 1.0
+    assert (silent["reward_paper_ci_low"], silent["reward_paper_ci_high"]) == pytest.approx(
+        proportion_confint(6, 6, alpha=0.05, method="wilson")
+    )
     assert silent["reward_paper_sd"] == 0.0
+    # Six rewards of 0.9 are no proportion: the bootstrap, whose every resample is the sample.
+    idle = cell(summary, "idle")
+    assert idle["reward_paper_mean"] == idle["reward_paper_ci_low"] == 0.9
+    assert idle["reward_paper_ci_high"] == 0.9
 
 
 def test_one_episode_cell_has_a_mean_but_no_sd_or_interval() -> None:
@@ -142,7 +149,7 @@ def test_a_model_whose_every_episode_errored_is_shown_without_numbers(tmp_path: 
         assert ",-0.0," not in path.read_text(), path
 
 
-def test_welch_test_and_hedges_g_match_direct_computation() -> None:
+def test_a_six_episode_pair_reads_the_permutation_test_beside_welch() -> None:
     episodes = table()
     x = rewards(episodes, "hierarchy", RewardVariant.PAPER)
     y = rewards(episodes, "left_first", RewardVariant.PAPER)
@@ -155,13 +162,38 @@ def test_welch_test_and_hedges_g_match_direct_computation() -> None:
         5,
     )
     welch = scipy_stats.ttest_ind(x, y, equal_var=False)
-    assert (row["t"], row["p"]) == pytest.approx((welch.statistic, welch.pvalue))
+    assert (row["t"], row["welch_p"]) == pytest.approx((welch.statistic, welch.pvalue))
+    # Six episodes per sample: Welch's normal approximation is not the one to read.
+    assert row["test"] == "permutation"
+    assert row["p"] == row["permutation_p"]
+    assert row["note"] == (
+        "Welch not read: fewer than 10 episodes in a sample; SDs differ 16.7x: read g_av"
+    )
     assert row["diff"] == pytest.approx(x.mean() - y.mean())
     assert row["diff_ci_low"] < row["diff"] < row["diff_ci_high"]
     assert row["hedges_g_ci_low"] < row["hedges_g"] < row["hedges_g_ci_high"]
-    mwu = scipy_stats.mannwhitneyu(x, y, alternative="two-sided")
-    assert (row["mwu_u"], row["mwu_p"]) == pytest.approx((mwu.statistic, mwu.pvalue))
-    assert 0 < row["power"] <= 1
+    assert row["g_av_ci_low"] < row["g_av"] < row["g_av_ci_high"]
+    assert row["sd_ratio"] == pytest.approx(y.std(ddof=1) / x.std(ddof=1))
+    pairs = x[:, None] - y[None, :]
+    assert row["superiority"] == pytest.approx((pairs > 0).mean() + (pairs == 0).mean() / 2)
+    # The smallest |g| a 6 vs 6 comparison detects with power 0.8 at alpha 0.05.
+    assert row["detectable_g"] == pytest.approx(1.7955, abs=1e-4)
+
+
+def test_a_pair_of_large_varied_samples_reads_welch() -> None:
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(0.6, 0.2, 30), rng.normal(0.5, 0.25, 40)
+    names = ("a", "b")
+    row = two_sample_tests(x, y, names, COMPARE)
+    assert (row["test"], row["note"]) == ("welch", None)
+    assert (
+        row["p"]
+        == row["welch_p"]
+        == pytest.approx(scipy_stats.ttest_ind(x, y, equal_var=False).pvalue)
+    )
+    assert row["detectable_g"] == pytest.approx(
+        TTestIndPower().solve_power(nobs1=30, ratio=40 / 30, alpha=0.05, power=0.8)
+    )
 
 
 def test_deadlock_difference_carries_newcombes_interval() -> None:
@@ -175,13 +207,13 @@ def test_holm_adjusts_each_family_and_variant_and_never_lowers_p() -> None:
     comparisons = compare(table(sizes=(5, 7)), COMPARE)
     for variant in CONFIG.variants:
         family = comparisons.filter((pl.col("variant") == variant) & pl.col("p").is_not_nan())
-        assert family.height == 4  # two testable pairs at two sizes
+        assert family.height == 6  # three pairs at two sizes; the constant pair by permutation
         assert (family["p_holm"] >= family["p"]).all()
         expected = multipletests(family["p"].to_numpy(), method="holm")[1]
         assert family["p_holm"].to_numpy() == pytest.approx(expected)
-        mwu = comparisons.filter(pl.col("variant") == variant)
-        expected = multipletests(mwu["mwu_p"].to_numpy(), method="holm")[1]
-        assert mwu["mwu_p_holm"].to_numpy() == pytest.approx(expected)
+        ranks = comparisons.filter((pl.col("variant") == variant) & pl.col("bm_p").is_not_nan())
+        expected = multipletests(ranks["bm_p"].to_numpy(), method="holm")[1]
+        assert ranks["bm_p_holm"].to_numpy() == pytest.approx(expected)
 
 
 def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> None:
@@ -191,18 +223,23 @@ def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> N
         warnings.simplefilter("error")
         comparisons = compare(episodes, config)
     constant = comparisons.filter(pl.col("model_a") == "silent").row(0, named=True)
-    assert constant["note"] == "zero variance in both samples"
-    for key in ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "power", "p_holm"):
+    assert constant["note"] == (
+        "Welch not read: zero variance in silent and idle; fewer than 10 episodes in a sample"
+    )
+    for key in ("t", "dof", "welch_p", "hedges_g", "hedges_g_ci_low", "g_av", "sd_ratio"):
         assert math.isnan(constant[key]), key
-    # Mann-Whitney U and the bootstrap still speak: 1.0 against 0.9, every time.
+    # 1.0 against 0.9, every time: of the 924 splits of the 12 episodes, only this one and its
+    # mirror are as extreme, for the means and for the ranks.
+    assert constant["test"] == "permutation"
+    assert constant["p"] == pytest.approx(2 / 924)
+    assert (constant["superiority"], constant["bm_p"]) == (1.0, pytest.approx(2 / 924))
     assert constant["diff"] == pytest.approx(0.1)
     assert (constant["diff_ci_low"], constant["diff_ci_high"]) == pytest.approx((0.1, 0.1))
-    assert constant["mwu_p"] < 0.01
     solo = comparisons.filter(pl.col("model_a") == "solo").row(0, named=True)
     assert solo["note"] == "fewer than two episodes in a sample"
-    assert math.isnan(solo["mwu_p"])
-    tested = comparisons.filter(pl.col("model_a") == "hierarchy")
-    assert tested["note"].null_count() == tested.height
+    assert solo["test"] is None
+    assert math.isnan(solo["p"])
+    assert math.isnan(solo["bm_p"])
 
 
 def test_comparison_families_are_a_hook_of_the_config() -> None:

@@ -22,7 +22,7 @@ from coordgap.analysis.stats import (
     reward_columns,
     summary_schema,
 )
-from coordgap.analysis.training import write_training_figure
+from coordgap.analysis.training import training_figure, write_training_figure
 from coordgap.env.variants import RewardVariant
 from coordgap.training.history import HISTORY_SCHEMA
 from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
@@ -198,6 +198,11 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
             "actions_pick_up_left": 0.7 - 0.1 * k,
             "actions_pick_up_right": 0.3 + 0.1 * k,
             "entropy_mean": 0.6 + k / 10,
+            "episodes": 4,
+            "meals_mean": 0.5 * k,
+            "deadlock_rate": 1.0 - 0.5 * k,
+            "groups": 2,
+            "groups_trainable": k,
             "clipped_share": 1.0,
             "probe_kl": 0.001 * (k + 1),
             "probe_kl_acting": 0.01,
@@ -210,12 +215,21 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
     selection_path = tmp_path / "selection.json"
     selection_path.write_text(json.dumps(selection))
     write_training_figure(selection_path, history_path, *files)
+    figure, _ = training_figure(selection, pl.read_parquet(history_path))
+    assert figure.get_suptitle() == (
+        "r: 1 of 4 groups trainable; 2 meals in 8 rollout episodes; "
+        "the gradient clip cut 100% of the update rows"
+    )
     data = pl.read_csv(files[2])
     # One row per checkpoint: 0 and 1 played rollouts, 1 and 2 were probed after an update.
     assert data["step"].to_list() == [0, 1, 2]
     assert data["probe_kl"].to_list() == [None, 0.001, 0.002]
     assert data["actions_pick_up_left"].to_list()[:2] == pytest.approx([0.7, 0.6])
     assert "actions_eat" not in data.columns
+    # What the rollouts came to belongs to the checkpoint that played them.
+    assert data["meals_mean"].to_list() == [0.0, 0.5, None]
+    assert data["deadlock_rate"].to_list() == [1.0, 0.5, None]
+    assert data["trainable_share"].to_list() == [0.0, 0.5, None]
     assert files[0].stat().st_size > 0
 
 

@@ -14,6 +14,7 @@ from coordgap.analysis.catalog import figure_catalog
 from coordgap.analysis.paper import check_published
 from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.analysis.stats import summarize
+from coordgap.analysis.training import selection_section
 from coordgap.env.variants import RewardVariant
 from coordgap.provenance import Provenance, config_digest, git_commit
 from tests.conftest import ROOT, TINY_CONFIG
@@ -124,7 +125,8 @@ def test_setup_states_digest_commit_and_versions(report: tuple[str, ReportInputs
 def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInputs, Path]) -> None:
     text, _, _ = report
     rewards = section(text, "Rewards")
-    assert "| silent | 5 | 6 | 0 | 1.000 [1.000, 1.000] | 0.000 | degenerate, no_call |" in rewards
+    # Six rewards of 1.0: a binary outcome, with Wilson's interval rather than a point.
+    assert "| silent | 5 | 6 | 0 | 1.000 [0.610, 1.000] | 0.000 | degenerate, no_call |" in rewards
     assert (
         "| silent | 5 | 6 | 0 | -0.100 [-0.100, -0.100] | 0.000 | degenerate, no_call |" in rewards
     )
@@ -135,7 +137,8 @@ def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInp
     comparisons = section(text, "Comparisons")
     assert "### Family `configured`, `paper` reward" in comparisons
     assert "### Family `configured`, `shaped` reward" in comparisons
-    assert "zero variance in both samples" in comparisons
+    assert "Welch not read: zero variance in silent and idle" in comparisons
+    assert "| permutation |" in comparisons
     power = section(text, "Power")
     assert "needs 64 episodes per cell to detect g = 0.5 with power 0.8" in power
     assert "| the paper | 30 |  | 0.48 | 0.74 |" in power
@@ -172,7 +175,7 @@ def test_paper_beside_ours_says_whether_ours_lies_in_their_range(
         "| Reward weights (nd, thru, fair, idle) | 1, 0.5, 0.3, 0.1 | 1, 0.5, 0.3, 0.1 | same |"
         in (paper)
     )
-    assert "| silent | `mean_reward_n5` | 1 | N=5: 1.000 [1.000, 1.000] | yes |" in paper
+    assert "| silent | `mean_reward_n5` | 1 | N=5: 1.000 [0.610, 1.000] | yes |" in paper
     assert "| silent | `meals_n5` | 0 | N=5: 0.000 | yes |" in paper
     assert "| hierarchy | `mean_reward_range` | [0, 0.1] | N=5:" in paper
     assert re.search(r"\| hierarchy \| `mean_reward_range` \|.*\| \*\*no\*\* \|", paper)
@@ -242,3 +245,19 @@ def test_provenance_digest_is_canonical_and_commit_is_read(tmp_path: Path) -> No
     collected = Provenance.collect(config, tmp_path)
     assert collected.packages["pingouin"] != "not installed"
     assert next(iter(collected.packages)) == "coordgap"
+
+
+def test_the_selection_section_names_step_0_the_untrained_adapter() -> None:
+    def estimate(step: int, mean: float) -> dict[str, Any]:
+        return {"step": step, "mean": mean, "ci_low": mean - 0.1, "ci_high": mean + 0.1}
+
+    selection = {
+        "run": "tiny-grpo",
+        "choices": {
+            "last": {"step": 2, "estimate": estimate(2, 0.5), "runner_up": None},
+            "best_val": {"step": 0, "estimate": estimate(0, 0.6), "runner_up": estimate(2, 0.5)},
+        },
+    }
+    section = selection_section([selection], ["figures/training_tiny-grpo.png"])
+    assert "| last | 2 | 0.500 [0.400, 0.600] (step 2) | — |" in section
+    assert "| best_val | 0 (the untrained adapter) | 0.600 [0.500, 0.700] (step 0) |" in section

@@ -18,6 +18,7 @@ from coordgap.evaluation.selection import RANKINGS
 from coordgap.policies.factory import BACKENDS
 from coordgap.policies.local import DTYPES, Decoding
 from coordgap.policies.scripted import SCRIPTED_POLICIES
+from coordgap.tracking import TRACKERS
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +37,7 @@ CODE_VALUES: dict[str, set[str]] = {
     "decoding": set(typing.get_args(Decoding)),
     "trainer": set(Trainer),
     "loss": set(typing.get_args(typing.get_type_hints(TrainingRunConfig)["loss"])),
+    "tracking": {"none", *TRACKERS},
 }
 
 

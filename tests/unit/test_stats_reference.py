@@ -11,12 +11,23 @@ Sources of the known values:
   Medicine 17:873, Table II (method 10); statsmodels ``confint_proportions_2indep`` as oracle.
 * Holm: Holm (1979)'s step-down rule on a four-p-value family worked by hand.
 * Power: Cohen (1988), Statistical Power Analysis, Table 2.4.1: 64 per group for d = 0.5,
-  two-sided alpha 0.05, power 0.80; statsmodels ``TTestIndPower`` as the oracle.
+  two-sided alpha 0.05, power 0.80; statsmodels ``TTestIndPower`` as the oracle, also of each
+  comparison's detectable effect.
+* Hedges' g and its interval: Borenstein, Hedges, Higgins & Rothstein (2009), Introduction to
+  Meta-Analysis, section 4.4 worked example (d = 0.5970, g = 0.5924, SE of g 0.2028).
+* Bonett's interval of the average-variance effect size: its coverage under unequal variances,
+  by simulation.
+* Permutation tests: every split enumerated by hand, and scipy's ``permutation_test``.
+* Brunner-Munzel: the example of Brunner & Munzel (2000) as scipy documents it (statistic
+  3.1375), scipy's statistic on every split of a small pair.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -25,11 +36,21 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
-from coordgap.analysis.comparisons import holm, power_table, welch
+from coordgap.analysis.comparisons import holm, power_table, two_sample_tests
 from coordgap.analysis.stats import summarize
+from coordgap.analysis.two_sample import (
+    average_sd_g,
+    brunner_munzel,
+    brunner_munzel_statistic,
+    detectable_effect,
+    hedges_g,
+    permutation_p,
+)
 from coordgap.intervals import (
     bootstrap_difference_ci,
     bootstrap_mean_ci,
+    difference_interval,
+    mean_interval,
     newcombe_interval,
     wilson_interval,
 )
@@ -68,8 +89,11 @@ def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
     x: list[float], y: list[float], published: tuple[float, float, float]
 ) -> None:
     a, b = np.array(x), np.array(y)
-    got = welch(a, b, COMPARE)
+    got = two_sample_tests(a, b, ("a", "b"), COMPARE)
     t, dof, p = published
+    # Samples of 10 or more with some variance: Welch is the test to read.
+    assert got["test"] == "welch"
+    assert got["p"] == got["welch_p"]
     # Published to two or three decimals.
     assert got["t"] == pytest.approx(t, abs=0.01)
     assert got["dof"] == pytest.approx(dof, abs=0.05)
@@ -84,23 +108,159 @@ def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
 
 
 @pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
-def test_hedges_g_and_its_interval_match_a_hand_computation(
+def test_hedges_g_its_interval_and_the_detectable_effect_match_a_hand_computation(
     x: list[float], y: list[float], published: tuple[float, float, float]
 ) -> None:
     a, b = np.array(x), np.array(y)
-    got = welch(a, b, COMPARE)
+    g, low, high = hedges_g(a, b, 0.95)
     na, nb = a.size, b.size
     pooled = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
-    g = (a.mean() - b.mean()) / pooled * (1 - 3 / (4 * (na + nb) - 9))
-    assert got["hedges_g"] == pytest.approx(g, rel=1e-12)
-    # Hedges & Olkin's large-sample standard error, with a t critical value on na + nb - 2 dof.
-    se = math.sqrt((na + nb) / (na * nb) + g**2 / (2 * (na + nb)))
-    crit = scipy_stats.t.ppf(0.975, na + nb - 2)
-    assert (got["hedges_g_ci_low"], got["hedges_g_ci_high"]) == pytest.approx(
-        (g - crit * se, g + crit * se), rel=1e-9
+    d = (a.mean() - b.mean()) / pooled
+    j = 1 - 3 / (4 * (na + nb) - 9)
+    assert g == pytest.approx(j * d, rel=1e-12)
+    # Borenstein et al. (2009), eqs. 4.20 and 4.24: SE(g) = J SE(d), and a normal critical value.
+    se = j * math.sqrt((na + nb) / (na * nb) + d**2 / (2 * (na + nb)))
+    z = scipy_stats.norm.ppf(0.975)
+    assert (low, high) == pytest.approx((g - z * se, g + z * se), rel=1e-9)
+    detectable = TTestIndPower().solve_power(nobs1=na, ratio=nb / na, alpha=0.05, power=0.8)
+    assert detectable_effect(na, nb, 0.05, 0.8) == pytest.approx(detectable, rel=1e-4)
+
+
+def _with_moments(mean: float, sd: float, size: int) -> np.ndarray:
+    """A sample with exactly this mean and SD (ddof 1)."""
+    base = np.linspace(-1, 1, size)
+    return mean + sd * (base - base.mean()) / base.std(ddof=1)
+
+
+def test_hedges_g_matches_borensteins_worked_example() -> None:
+    # Section 4.4: means 103 and 100, SDs 5.5 and 4.5, 50 per group.
+    a, b = _with_moments(103, 5.5, 50), _with_moments(100, 4.5, 50)
+    g, low, high = hedges_g(a, b, 0.95)
+    assert g == pytest.approx(0.5924, abs=5e-5)
+    # Published to four decimals: SE of g 0.2028, so the bounds to about 2e-4.
+    assert (low, high) == pytest.approx((0.5924 - 1.96 * 0.2028, 0.5924 + 1.96 * 0.2028), abs=3e-4)
+
+
+@pytest.mark.parametrize(
+    ("six", "thirty", "published"), [(6, 6, 1.80), (6, 30, 1.29), (30, 30, 0.74)]
+)
+def test_detectable_effects_of_the_cell_sizes_the_study_affords(
+    six: int, thirty: int, published: float
+) -> None:
+    assert detectable_effect(six, thirty, 0.05, 0.8) == pytest.approx(published, abs=0.006)
+
+
+def test_bonetts_interval_keeps_its_coverage_where_the_sds_differ_threefold() -> None:
+    """1000 pairs: 10 from N(1, 1) and 30 from N(0, 3); delta = 1 / sqrt((1 + 9) / 2) = 0.447.
+
+    Bonett (2008) reports near-nominal coverage for such designs; 1000 simulations give a
+    binomial SE of 0.007, so 0.925-0.975 is 0.95 +- 3.6 SE.
+    """
+    delta = 1 / math.sqrt(5)
+
+    def draw(rng: np.random.Generator, sim: int) -> tuple[float, float]:
+        del sim
+        _, low, high = average_sd_g(rng.normal(1, 1, 10), rng.normal(0, 3, 30), 0.95)
+        return low, high
+
+    assert 0.925 <= _coverage(draw, delta, sims=1000, seed=2026) <= 0.975
+
+
+def _every_split_p(x: list[int], y: list[int], statistic) -> float:
+    """Two-sided permutation p by enumerating every split, on exact integers."""
+    pooled = [*x, *y]
+    observed = abs(statistic(x, y))
+    count = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), len(x)):
+        a = [pooled[i] for i in chosen]
+        b = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        count += abs(statistic(a, b)) >= observed
+        total += 1
+    return count / total
+
+
+def _mean_difference(a: list[int], b: list[int]) -> Fraction:
+    return Fraction(sum(a), len(a)) - Fraction(sum(b), len(b))
+
+
+@pytest.mark.parametrize(
+    ("x", "y"),
+    [([3, 5, 9, 4], [1, 2, 2, 6, 0]), ([1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]), ([2, 2], [2, 2])],
+)
+def test_the_exact_permutation_test_counts_every_split(x: list[int], y: list[int]) -> None:
+    got = permutation_p(np.array(x, float), np.array(y, float), seed=0)
+    assert got == pytest.approx(_every_split_p(x, y, _mean_difference), abs=1e-12)
+
+
+def test_the_random_permutation_test_is_seeded_and_near_the_exact_one() -> None:
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(0.4, 1, 9), rng.normal(0, 1, 9)  # 48,620 splits: more than 10,000
+    exact = scipy_stats.permutation_test(
+        (x, y),
+        lambda a, b, axis: np.abs(np.mean(a, axis=axis) - np.mean(b, axis=axis)),
+        permutation_type="independent",
+        alternative="greater",
+        n_resamples=np.inf,
+        vectorized=True,
+    ).pvalue
+    got = permutation_p(x, y, seed=1)
+    assert got == permutation_p(x, y, seed=1)
+    assert got != permutation_p(x, y, seed=2)
+    # 10,000 splits: a binomial SE of at most 0.005.
+    assert got == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / 10_000) + 1e-4)
+
+
+def test_brunner_munzel_statistic_matches_the_published_example() -> None:
+    # Brunner & Munzel (2000), as in scipy's documentation: W = 3.1375 for P(x < y).
+    x = [1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 1, 1]
+    y = [3, 3, 4, 3, 1, 2, 3, 1, 1, 5, 4]
+    rows = np.array([[*x, *y]], dtype=float)
+    # Ours is of P(x > y): the same statistic with the opposite sign.
+    assert brunner_munzel_statistic(rows, len(x))[0] == pytest.approx(-3.1374674823, abs=1e-9)
+    superiority, _ = brunner_munzel(np.array(x, float), np.array(y, float), seed=0)
+    pairs = np.subtract.outer(x, y)
+    assert superiority == pytest.approx((pairs > 0).mean() + (pairs == 0).mean() / 2)
+
+
+def test_the_brunner_munzel_permutation_test_matches_scipy_on_every_split() -> None:
+    x = np.array([0.3, 1.2, 0.8, 2.5, 1.9])
+    y = np.array([1.1, 2.2, 3.0, 2.8, 0.9, 2.6])
+
+    def scipy_statistic(a: np.ndarray, b: np.ndarray) -> float:
+        with warnings.catch_warnings():
+            # Splits that separate the samples completely have no spread: |W| is infinite.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return abs(scipy_stats.brunnermunzel(a, b).statistic)
+
+    oracle = scipy_stats.permutation_test(
+        (x, y),
+        scipy_statistic,
+        permutation_type="independent",
+        alternative="greater",
+        n_resamples=np.inf,
+    ).pvalue
+    assert brunner_munzel(x, y, seed=0)[1] == pytest.approx(oracle, abs=1e-12)
+
+
+def test_binary_samples_get_wilson_and_newcombe_intervals_others_the_bootstrap() -> None:
+    six = np.ones(6)
+    assert mean_interval(six, 0.95, 2000, seed=1) == pytest.approx(
+        (1.0, *proportion_confint(6, 6, alpha=0.05, method="wilson"))
     )
-    power = TTestIndPower().power(effect_size=abs(g), nobs1=na, ratio=nb / na, alpha=0.05)
-    assert got["power"] == pytest.approx(power, abs=1e-6)
+    mixed = np.array([0.0, 1, 1, 0, 1, 1, 1, 0])
+    assert difference_interval(six, mixed, 0.95, 2000, seed=1) == pytest.approx(
+        tuple(
+            map(
+                float,
+                confint_proportions_2indep(6, 6, 5, 8, method="newcomb", compare="diff"),
+            )
+        )
+    )
+    varied = np.array([0.2, 0.9, 0.4, 0.7])
+    assert mean_interval(varied, 0.95, 2000, seed=1) == bootstrap_mean_ci(varied, 0.95, 2000, 1)
+    assert difference_interval(varied, six, 0.95, 2000, 1) == bootstrap_difference_ci(
+        varied, six, 0.95, 2000, 1
+    )
 
 
 @pytest.mark.parametrize(

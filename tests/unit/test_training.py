@@ -32,7 +32,8 @@ from coordgap.policies.base import Decision, NoCallReason
 from coordgap.policies.local import compute_dtype, template_kwargs
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
-from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs, rollout_rewards
+from coordgap.training.history import rollout_rewards
+from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import (
     DecisionChoice,

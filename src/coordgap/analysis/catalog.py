@@ -65,8 +65,8 @@ STATISTICS_FIGURES = (
         per_variant=True,
         label="reward by model and N",
         title="Mean `{variant}` reward by model and N",
-        caption="Each model's mean episode reward with its percentile-bootstrap interval, side "
-        "by side at each table size.",
+        caption="Each model's mean episode reward with its 95% interval (Wilson's when every "
+        "reward is 0 or 1, the percentile bootstrap's otherwise), side by side at each table size.",
     ),
     FigureSpec(
         name="deadlock",

@@ -1,10 +1,23 @@
 """Pairwise comparisons of models, and the power of such comparisons.
 
-Per family of comparisons, reward variant, pair and N: Welch's t-test; Hedges' g with its CI
-and the test's achieved power; the mean difference with a bootstrap CI; Mann-Whitney U as a
-robustness check; the deadlock-rate difference with Newcombe's CI. Holm's correction runs within
-each family and variant. Undefined tests are NaN in memory, with a ``note`` saying why, and
-empty in the written table.
+Per family of comparisons, reward variant, pair and N (:func:`compare`):
+
+* the mean difference with its interval (Newcombe's when both samples are binary, the
+  bootstrap's otherwise: ``coordgap.intervals.difference_interval``);
+* the test to read, in ``test`` and ``p``: Welch's t-test where its normal approximation holds,
+  the permutation test of the mean difference (``coordgap.analysis.two_sample``) where it does
+  not, i.e. when a sample has fewer than ``SMALL_CELL`` episodes or zero variance; both p-values
+  are kept (``welch_p``, ``permutation_p``) and ``note`` says why Welch is not the one to read;
+* Hedges' g (pooled SD), the primary effect size, with its normal-approximation interval; beside
+  it the SD ratio and the average-variance g with Bonett's interval, the one to read when the
+  SDs differ by more than ``SD_RATIO_LIMIT``;
+* the smallest |g| the comparison could detect (``detectable_g``), in place of achieved power;
+* the probability of superiority with the Brunner-Munzel permutation test, in place of
+  Mann-Whitney U, which tests stochastic order under equal shapes rather than what it reports;
+* the deadlock-rate difference with Newcombe's interval.
+
+Holm's correction runs within each family and variant, over ``p`` and over ``bm_p``. Undefined
+statistics are NaN in memory, with a ``note`` saying why, and empty in the written table.
 
 The power table answers the design question beside the paper's: how many episodes per cell a
 two-sample t-test needs to detect the configured effect, and what the paper's and our cell sizes
@@ -23,8 +36,23 @@ import pingouin as pg
 import polars as pl
 import yaml
 
-from coordgap.analysis.stats import OK, load_episodes, read_columns, with_rewards, write_csv
-from coordgap.intervals import bootstrap_difference_ci, newcombe_interval
+from coordgap.analysis.stats import (
+    OK,
+    SMALL_CELL,
+    load_episodes,
+    read_columns,
+    with_rewards,
+    write_csv,
+)
+from coordgap.analysis.two_sample import (
+    average_sd_g,
+    brunner_munzel,
+    detectable_effect,
+    hedges_g,
+    permutation_p,
+    sd_ratio,
+)
+from coordgap.intervals import difference_interval, newcombe_interval
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,17 +73,24 @@ COMPARISON_SCHEMA: dict[str, pl.DataType] = {
     "diff": pl.Float64(),
     "diff_ci_low": pl.Float64(),
     "diff_ci_high": pl.Float64(),
-    "t": pl.Float64(),
-    "dof": pl.Float64(),
+    "test": pl.String(),
     "p": pl.Float64(),
     "p_holm": pl.Float64(),
+    "t": pl.Float64(),
+    "dof": pl.Float64(),
+    "welch_p": pl.Float64(),
+    "permutation_p": pl.Float64(),
     "hedges_g": pl.Float64(),
     "hedges_g_ci_low": pl.Float64(),
     "hedges_g_ci_high": pl.Float64(),
-    "power": pl.Float64(),
-    "mwu_u": pl.Float64(),
-    "mwu_p": pl.Float64(),
-    "mwu_p_holm": pl.Float64(),
+    "sd_ratio": pl.Float64(),
+    "g_av": pl.Float64(),
+    "g_av_ci_low": pl.Float64(),
+    "g_av_ci_high": pl.Float64(),
+    "detectable_g": pl.Float64(),
+    "superiority": pl.Float64(),
+    "bm_p": pl.Float64(),
+    "bm_p_holm": pl.Float64(),
     "deadlock_rate_a": pl.Float64(),
     "deadlock_rate_b": pl.Float64(),
     "deadlock_diff": pl.Float64(),
@@ -92,39 +127,97 @@ def comparison_families(config: ComparisonConfig) -> dict[str, tuple[tuple[str, 
     return {"configured": config.comparisons, **config.checkpoints}
 
 
-_TESTS = ("t", "dof", "p", "hedges_g", "hedges_g_ci_low", "hedges_g_ci_high", "power")
+# Above this ratio of the two SDs the pooled SD mostly measures the larger sample: read g_av.
+SD_RATIO_LIMIT = 2.0
+
+_TESTS = (
+    "test",
+    "p",
+    "t",
+    "dof",
+    "welch_p",
+    "permutation_p",
+    "hedges_g",
+    "hedges_g_ci_low",
+    "hedges_g_ci_high",
+    "sd_ratio",
+    "g_av",
+    "g_av_ci_low",
+    "g_av_ci_high",
+    "detectable_g",
+    "superiority",
+    "bm_p",
+)
 
 
-def welch(x: np.ndarray, y: np.ndarray, config: ComparisonConfig) -> dict[str, Any]:
-    """Run Welch's t-test, Hedges' g with its CI and the achieved power, or say why not."""
+def _welch(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Welch's t, its degrees of freedom and p; NaN when both samples are constant."""
     if np.ptp(x) == 0 and np.ptp(y) == 0:
-        return dict.fromkeys(_TESTS, math.nan) | {"note": "zero variance in both samples"}
+        return math.nan, math.nan, math.nan
     with warnings.catch_warnings():
         # scipy calls one constant sample a "precision loss"; its variance is exactly zero,
-        # which Welch's test handles, so the warning would only be noise.
+        # which the formula handles, so the warning would only be noise.
         warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
         test = pg.ttest(x, y, correction=True).iloc[0]
-    g = float(pg.compute_effsize(x, y, eftype="hedges"))
-    low, high = pg.compute_esci(
-        stat=g,
-        nx=x.size,
-        ny=y.size,
-        eftype="hedges",
-        confidence=config.analysis.confidence,
-        decimals=15,
-    )
-    # Power of the pooled two-sample t-test at the observed effect: Welch's test has no closed
-    # form, and with similar variances the two agree closely.
-    power = pg.power_ttest2n(x.size, y.size, d=abs(g), alpha=config.power.alpha)
+    return float(test["T"]), float(test["dof"]), float(test["p_val"])
+
+
+def _why_not_welch(x: np.ndarray, y: np.ndarray, names: tuple[str, str]) -> list[str]:
+    """The reasons Welch's approximation does not hold for these samples (none: read Welch)."""
+    reasons = []
+    constant = [name for name, sample in zip(names, (x, y), strict=True) if np.ptp(sample) == 0]
+    if constant:
+        reasons.append("zero variance in " + " and ".join(constant))
+    if min(x.size, y.size) < SMALL_CELL:
+        reasons.append(f"fewer than {SMALL_CELL} episodes in a sample")
+    return reasons
+
+
+def two_sample_tests(
+    x: np.ndarray, y: np.ndarray, names: tuple[str, str], config: ComparisonConfig
+) -> dict[str, Any]:
+    """Test and size the difference of two samples of at least two episodes each.
+
+    Args:
+        x: Sample A's rewards.
+        y: Sample B's rewards.
+        names: The two models, for the note.
+        config: The comparisons' configuration (confidence, seed, power settings).
+
+    Returns:
+        The values of ``_TESTS`` and a ``note``: why Welch is not the test to read, and when
+        the SDs differ by more than ``SD_RATIO_LIMIT``.
+    """
+    seed = config.analysis.seed
+    confidence = config.analysis.confidence
+    t, dof, welch_p = _welch(x, y)
+    shuffled_p = permutation_p(x, y, seed)
+    reasons = _why_not_welch(x, y, names)
+    g, g_low, g_high = hedges_g(x, y, confidence)
+    g_av, g_av_low, g_av_high = average_sd_g(x, y, confidence)
+    ratio = sd_ratio(x, y)
+    superiority, bm_p = brunner_munzel(x, y, seed)
+    notes = [f"Welch not read: {'; '.join(reasons)}"] if reasons else []
+    if ratio > SD_RATIO_LIMIT:
+        notes.append(f"SDs differ {ratio:.1f}x: read g_av")
     return {
-        "t": float(test["T"]),
-        "dof": float(test["dof"]),
-        "p": float(test["p_val"]),
+        "test": "permutation" if reasons else "welch",
+        "p": shuffled_p if reasons else welch_p,
+        "t": t,
+        "dof": dof,
+        "welch_p": welch_p,
+        "permutation_p": shuffled_p,
         "hedges_g": g,
-        "hedges_g_ci_low": float(low),
-        "hedges_g_ci_high": float(high),
-        "power": float(power),
-        "note": None,
+        "hedges_g_ci_low": g_low,
+        "hedges_g_ci_high": g_high,
+        "sd_ratio": ratio,
+        "g_av": g_av,
+        "g_av_ci_low": g_av_low,
+        "g_av_ci_high": g_av_high,
+        "detectable_g": detectable_effect(x.size, y.size, config.power.alpha, config.power.power),
+        "superiority": superiority,
+        "bm_p": bm_p,
+        "note": "; ".join(notes) or None,
     }
 
 
@@ -158,7 +251,7 @@ def _pair(
     settings = config.analysis
     bounds = newcombe_interval(deadlocks_a, x.size, deadlocks_b, y.size, settings.confidence)
     row["deadlock_diff_ci_low"], row["deadlock_diff_ci_high"] = bounds
-    row["diff_ci_low"], row["diff_ci_high"] = bootstrap_difference_ci(
+    row["diff_ci_low"], row["diff_ci_high"] = difference_interval(
         x, y, settings.confidence, settings.bootstrap_resamples, settings.seed
     )
     missing = [name for name, sample in zip(names, (x, y), strict=True) if sample.size == 0]
@@ -167,10 +260,8 @@ def _pair(
     elif min(x.size, y.size) < 2:
         note = "fewer than two episodes in a sample"
     else:
-        mwu = pg.mwu(x, y).iloc[0]
-        row |= {"mwu_u": float(mwu["U_val"]), "mwu_p": float(mwu["p_val"])} | welch(x, y, config)
-        return row
-    return row | dict.fromkeys((*_TESTS, "mwu_u", "mwu_p"), math.nan) | {"note": note}
+        return row | two_sample_tests(x, y, names, config)
+    return row | dict.fromkeys(_TESTS, math.nan) | {"test": None, "note": note}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -201,7 +292,7 @@ def compare(episodes: pl.DataFrame, config: ComparisonConfig) -> pl.DataFrame:
     Returns:
         One row per family, variant, pair and N (in that order; pairs in config order, N
         ascending) with the columns of ``COMPARISON_SCHEMA``. ``diff`` is ``mean_a - mean_b``;
-        ``p_holm`` and ``mwu_p_holm`` are Holm-adjusted within the family and variant. A pair
+        ``p_holm`` and ``bm_p_holm`` are Holm-adjusted within the family and variant. A pair
         at an N where a model has no ``ok`` episode is kept, with a note saying so.
     """
     rewarded = with_rewards(episodes, config.analysis)
@@ -220,7 +311,7 @@ def compare(episodes: pl.DataFrame, config: ComparisonConfig) -> pl.DataFrame:
                         samples.get((a, n)), samples.get((b, n)), (a, b), variant, config
                     )
                     group.append(key | {"n": n} | compared)
-            for p, adjusted in (("p", "p_holm"), ("mwu_p", "mwu_p_holm")):
+            for p, adjusted in (("p", "p_holm"), ("bm_p", "bm_p_holm")):
                 for row, value in zip(group, holm([r[p] for r in group]), strict=True):
                     row[adjusted] = value
             rows.extend(group)

@@ -148,7 +148,7 @@ def reward_figure(summary: pl.DataFrame, variant: RewardVariant) -> tuple[Figure
     _dodged_intervals(axes, data, "n", reward_columns(variant), _models(data))
     axes.set_xticklabels([f"N={n}" for n in _sizes(data)])
     axes.set_xlabel("philosophers at the table")
-    axes.set_ylabel(f"mean {variant} reward (bootstrap CI)")
+    axes.set_ylabel(f"mean {variant} reward (95% CI)")
     _cells_legend(figure, axes, data)
     return figure, data
 

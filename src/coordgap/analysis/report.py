@@ -23,8 +23,15 @@ from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.findings import findings_section
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
-from coordgap.analysis.stats import read_table, reward_columns, reward_sd_column, summary_schema
+from coordgap.analysis.stats import (
+    SMALL_CELL,
+    read_table,
+    reward_columns,
+    reward_sd_column,
+    summary_schema,
+)
 from coordgap.analysis.training import read_selection, selection_section
+from coordgap.analysis.two_sample import PERMUTATION_RESAMPLES
 from coordgap.config.analysis import AnalysisConfig, ComparisonConfig, MonitorConfig
 from coordgap.config.play import cell_episodes
 from coordgap.env.variants import RewardVariant
@@ -150,15 +157,22 @@ def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str
         "analysis time from the stored components: r_nd (1 without deadlock), r_thru (meals over "
         "the table's capacity), r_fair (inequality of meals between seats) and r_idle (share of "
         f"actions that were idle). The reward variants, headline first:\n\n{definitions}\n\n"
-        f"Intervals are {confidence}: percentile bootstrap for means and mean differences "
+        f"Intervals are {confidence}: Wilson score for rates and for mean rewards whose every "
+        "value is 0 or 1 (a binary outcome), Newcombe's hybrid score for differences of rates "
+        "and of binary rewards, the percentile bootstrap for other means and mean differences "
         f"({config.bootstrap_resamples} resamples, seed {config.seed}; each sample resampled on "
-        "its own), Wilson score for rates, Newcombe's hybrid score for differences of rates, "
-        "and the Hedges-Olkin normal approximation for Hedges' g. Pairs of models are compared "
-        "with Welch's t-test and Hedges' g, with Mann-Whitney U as a robustness check that "
-        "assumes no normality; Holm's correction runs within each family of comparisons and "
-        "reward variant. Achieved power is that of a two-sided two-sample t-test at the "
-        f"observed |g| and alpha {power.alpha:g}: a description of the data, not evidence for "
-        "or against an effect. Undefined statistics read n/a. The monitors' thresholds: "
+        "its own), and a normal approximation with the Hedges-Olkin standard error for Hedges' "
+        "g. Pairs of models are compared with Welch's t-test, or, where a sample has fewer "
+        f"than {SMALL_CELL} episodes or zero variance, with the permutation test of the mean "
+        f"difference (exact, or {PERMUTATION_RESAMPLES:,} splits seeded with the seed above), "
+        "which assumes only "
+        "that the two models' episodes are exchangeable under the null; the Brunner-Munzel "
+        "permutation test of the probability of superiority assumes no equal shapes. Holm's "
+        "correction runs within each family of comparisons and reward variant. Beside each "
+        "comparison stands the smallest |g| a two-sided two-sample t-test of its sizes detects "
+        f"at alpha {power.alpha:g} with power {power.power:g}: a difference smaller than that "
+        "is one the comparison could not see, whatever its p. Undefined statistics read n/a. "
+        "The monitors' thresholds: "
         + "; ".join(
             f"{name} {monitors.thresholds[check.share]:g}" for name, check in MONITORS.items()
         )
@@ -179,7 +193,8 @@ def _cell_flags(flags: dict[tuple[str, int], list[str]], row: dict[str, Any]) ->
 def _rewards_section(summary: pl.DataFrame, monitors: pl.DataFrame, config: AnalysisConfig) -> str:
     flags = _flags(monitors)
     parts = [
-        "## Rewards\n\nMean episode reward with its bootstrap interval and SD, under every "
+        "## Rewards\n\nMean episode reward with its interval (Wilson's for binary rewards, "
+        "the bootstrap's otherwise) and SD, under every "
         "variant; the monitors' flags (see Monitors) stand beside the model, and `errors` marks "
         "a cell with error episodes (left out of its statistics)."
     ]
@@ -239,11 +254,21 @@ def _comparisons_section(comparisons: pl.DataFrame) -> str:
     intro = "## Comparisons"
     if comparisons.is_empty():
         return f"{intro}\n\nNo comparison had episodes of both models at the same N."
-    header = ["A", "B", "N", "Episodes", "Diff [bootstrap CI]", "t (dof)", "p", "p (Holm)"]
-    header += ["Hedges' g [CI]", "Power", "MWU p (Holm)", "Deadlock diff [Newcombe CI]", "Note"]
+    header = ["A", "B", "N", "Episodes", "Diff [CI]", "Test", "p", "p (Holm)", "Welch t (dof)"]
+    header += ["Hedges' g [CI]", "g_av [CI]", "Detectable g", "P(A > B)", "BM p (Holm)"]
+    header += ["Deadlock diff [Newcombe CI]", "Note"]
     parts = [
-        f"{intro}\n\nA - B on per-episode reward. Holm's correction runs within each family and "
-        "variant; MWU is the Mann-Whitney U test."
+        f"{intro}\n\nA - B on per-episode reward. The difference's interval is Newcombe's when "
+        "both samples are binary (every reward 0 or 1), the bootstrap's otherwise. *Test* is "
+        "the test to read: Welch's t-test, or the permutation test of the mean difference "
+        f"where a sample has fewer than {SMALL_CELL} episodes or zero variance (the note says "
+        "which); Welch's t stays beside it. Holm's correction runs within each family and "
+        "variant. Hedges' g uses the pooled SD (the paper's effect size) with a normal-"
+        "approximation interval; g_av uses the average-variance SD with Bonett's interval, "
+        "the one to read when the SDs differ by more than twice. *Detectable g* is the "
+        "smallest |g| a t-test of these sizes detects with the configured power. P(A > B) is "
+        "the probability of superiority (ties count half), tested by the Brunner-Munzel "
+        "permutation test."
     ]
     for (family, variant), group in comparisons.group_by("family", "variant", maintain_order=True):
         rows = [
@@ -253,12 +278,15 @@ def _comparisons_section(comparisons: pl.DataFrame) -> str:
                 str(row["n"]),
                 f"{row['episodes_a']} / {row['episodes_b']}",
                 _interval(row["diff"], row["diff_ci_low"], row["diff_ci_high"]),
-                f"{_number(row['t'], 2)} ({_number(row['dof'], 1)})",
+                row["test"] or "",
                 _p_value(row["p"]),
                 _p_value(row["p_holm"]),
+                f"{_number(row['t'], 2)} ({_number(row['dof'], 1)})",
                 _interval(row["hedges_g"], row["hedges_g_ci_low"], row["hedges_g_ci_high"], 2),
-                _number(row["power"], 2),
-                f"{_p_value(row['mwu_p'])} ({_p_value(row['mwu_p_holm'])})",
+                _interval(row["g_av"], row["g_av_ci_low"], row["g_av_ci_high"], 2),
+                _number(row["detectable_g"], 2),
+                _number(row["superiority"], 2),
+                f"{_p_value(row['bm_p'])} ({_p_value(row['bm_p_holm'])})",
                 _interval(
                     row["deadlock_diff"], row["deadlock_diff_ci_low"], row["deadlock_diff_ci_high"]
                 ),

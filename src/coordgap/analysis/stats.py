@@ -9,9 +9,10 @@ maximum stays visible beside the shaped one.
 
 Tables, all polars, written as CSV by :func:`write_stats`:
 
-* ``summary``: per cell, each variant's mean reward with its bootstrap CI and SD; deadlock and
-  zero-meal rates with Wilson CIs; meals, throughput, fairness, idle, failed and no-call rates;
-  tokens and latency per decision where the model recorded them.
+* ``summary``: per cell, each variant's mean reward with its CI (Wilson's when every reward of
+  the cell is 0 or 1, the bootstrap's otherwise: ``coordgap.intervals.mean_interval``) and SD;
+  deadlock and zero-meal rates with Wilson CIs; meals, throughput, fairness, idle, failed and
+  no-call rates; tokens and latency per decision where the model recorded them.
 * ``components``: each variant's mean reward split into its four signed, weighted terms.
 * ``seats``: meals by seat (the tie-break audit).
 * ``episode_rewards``: every ok episode's meals and rewards.
@@ -30,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from coordgap.env.variants import SIGNS, RewardVariant, component_exprs, reward_expr
-from coordgap.intervals import bootstrap_mean_ci, wilson_interval
+from coordgap.intervals import bootstrap_mean_ci, mean_interval, wilson_interval
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from coordgap.config.analysis import AnalysisConfig
 
@@ -210,14 +211,18 @@ def _wilson_columns(
     ]
 
 
-def _bootstrap_columns(
-    samples: pl.Series, names: Sequence[str], config: AnalysisConfig
+def _mean_columns(
+    samples: pl.Series,
+    names: Sequence[str],
+    config: AnalysisConfig,
+    estimator: Callable[..., tuple[float, float, float]] = bootstrap_mean_ci,
 ) -> list[pl.Series]:
-    """Estimate each sample's mean with its bootstrap CI, as three columns named ``names``."""
+    """Estimate each sample's mean with its CI, as three columns named ``names``.
+
+    ``estimator(values, confidence, resamples, seed)`` gives a mean and its interval.
+    """
     estimates = [
-        bootstrap_mean_ci(
-            sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed
-        )
+        estimator(sample.to_numpy(), config.confidence, config.bootstrap_resamples, config.seed)
         for sample in samples
     ]
     columns = zip(*estimates, strict=True) if estimates else ([], [], [])
@@ -268,7 +273,9 @@ def summarize(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
     )
     columns: list[pl.Series] = []
     for variant in config.variants:
-        columns += _bootstrap_columns(cells[f"reward_{variant}"], reward_columns(variant), config)
+        columns += _mean_columns(
+            cells[f"reward_{variant}"], reward_columns(variant), config, mean_interval
+        )
     columns += _wilson_columns(cells["deadlocks"], cells["episodes"], "deadlock", config.confidence)
     columns += _wilson_columns(
         cells["zero_meals"], cells["episodes"], "zero_meal", config.confidence
@@ -360,7 +367,8 @@ def seat_table(episodes: pl.DataFrame, config: AnalysisConfig) -> pl.DataFrame:
         )
         .sort("model", "n", "seat")
     )
-    columns = _bootstrap_columns(seats["meals"], SEAT_COLUMNS, config)
+    # Meals are counts, not a binary outcome, even where no seat ate twice: the bootstrap.
+    columns = _mean_columns(seats["meals"], SEAT_COLUMNS, config)
     return (
         seats.with_columns(columns)
         .select(list(SEAT_SCHEMA))

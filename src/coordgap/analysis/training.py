@@ -75,13 +75,23 @@ def policy_by_checkpoint(history: pl.DataFrame) -> pl.DataFrame:
 
     Returns:
         ``step`` (the checkpoint), the tools' ``actions_*`` shares that were ever non-zero,
-        ``entropy_mean``, ``clipped_share``, ``probe_kl`` and ``probe_kl_acting`` (null
-        where not measured).
+        ``entropy_mean``, the rollouts' ``meals_mean`` and ``deadlock_rate``, the share of
+        their groups with a training signal (``trainable_share``: rewards not all equal),
+        ``clipped_share``, ``probe_kl`` and ``probe_kl_acting`` (null where not measured).
     """
     actions = [
         f"actions_{tool}" for tool in Tool if history[f"actions_{tool}"].fill_null(0).sum() > 0
     ]
-    played = history.select("step", *actions, "entropy_mean", "clipped_share")
+    trainable = pl.when(pl.col("groups") > 0).then(pl.col("groups_trainable") / pl.col("groups"))
+    played = history.select(
+        "step",
+        *actions,
+        "entropy_mean",
+        "meals_mean",
+        "deadlock_rate",
+        trainable.alias("trainable_share"),
+        "clipped_share",
+    )
     probed = history.select((pl.col("step") + 1).alias("step"), "probe_kl", "probe_kl_acting")
     return played.join(probed, on="step", how="full", coalesce=True).sort("step")
 
@@ -90,6 +100,9 @@ def training_figure(
     selection: dict[str, Any], history: pl.DataFrame
 ) -> tuple[Figure, pl.DataFrame]:
     """The training and validation reward with the choices above; what the policy did below.
+
+    Below, per checkpoint: the rollouts' choices, the meals and deadlocks they came to (what
+    the reward is made of), the policy's entropy and its probe KL from the untrained policy.
 
     Args:
         selection: A run's selection (``read_selection``).
@@ -100,13 +113,18 @@ def training_figure(
     """
     data = curve(selection)
     policy = policy_by_checkpoint(history)
-    figure = Figure(figsize=(9.0, 6.0), layout="constrained")
+    figure = Figure(figsize=(11.0, 6.0), layout="constrained")
     FigureCanvasAgg(figure)
-    grid = figure.add_gridspec(2, 3, height_ratios=(1.3, 1.0))
+    grid = figure.add_gridspec(2, 4, height_ratios=(1.3, 1.0))
     axes = figure.add_subplot(grid[0, :])
     _reward_panel(axes, selection, data)
     _actions_panel(figure.add_subplot(grid[1, 0]), policy)
     panels = {
+        "the checkpoint's rollouts": {
+            "meals_mean": "meals per episode",
+            "deadlock_rate": "deadlock rate",
+            "trainable_share": "groups trainable",
+        },
         "mean entropy of mu (nats)": {"entropy_mean": "rollouts"},
         "probe KL(mu || mu_0), nats": {"probe_kl": "float32", "probe_kl_acting": "as it acts"},
     }
@@ -127,15 +145,25 @@ def training_figure(
         panel.set_xlabel("checkpoint")
         panel.set_ylabel(label)
         if len(series) > 1:
-            panel.legend(loc="upper left")
-    clipped = policy.drop_nulls("clipped_share")["clipped_share"]
-    figure.suptitle(
-        f"{selection['run']}: the gradient clip cut {clipped.mean():.0%} of the update rows"
-        if clipped.len()
-        else selection["run"],
-        fontsize=9,
-    )
+            # Headroom above the lines for the legend, so that it covers none of them.
+            top = policy.select(pl.max_horizontal(pl.col(*series).max())).item() or 0
+            panel.set_ylim(0, 1.7 * top if top > 0 else 1)
+            panel.legend(loc="upper left", fontsize=6)
+    figure.suptitle(_title(selection["run"], history), fontsize=9)
     return figure, data.join(policy, on="step", how="full", coalesce=True).sort("step")
+
+
+def _title(run: str, history: pl.DataFrame) -> str:
+    """The run with what its rollouts gave it to learn from, and how hard the clip cut."""
+    meals = history.select((pl.col("meals_mean") * pl.col("episodes")).sum()).item()
+    parts = [
+        f"{history['groups_trainable'].sum()} of {history['groups'].sum()} groups trainable",
+        f"{meals:.0f} meals in {history['episodes'].sum()} rollout episodes",
+    ]
+    clipped = history.drop_nulls("clipped_share")["clipped_share"]
+    if clipped.len():
+        parts.append(f"the gradient clip cut {clipped.mean():.0%} of the update rows")
+    return f"{run}: " + "; ".join(parts)
 
 
 def _actions_panel(axes: Axes, policy: pl.DataFrame) -> None:
@@ -239,6 +267,10 @@ def _estimate(estimate: dict[str, Any] | None) -> str:
     )
 
 
+def _step(step: int) -> str:
+    return "0 (the untrained adapter)" if step == 0 else str(step)
+
+
 def selection_section(selections: Sequence[dict[str, Any]], figures: Sequence[str]) -> str:
     """The report's part on training and checkpoint selection.
 
@@ -254,11 +286,13 @@ def selection_section(selections: Sequence[dict[str, Any]], figures: Sequence[st
         "Each run's checkpoints played validation scenarios (disjoint from the training and "
         "test scenarios); every selection policy's checkpoint then played the test grid as a "
         "model named `<run>@<policy>`, compared above with the base model and with `last`. "
-        "Estimates are mean rewards under the trained variant with 95% bootstrap intervals."
+        "Estimates are mean rewards under the trained variant with the statistics' intervals "
+        "(Wilson's where every reward is 0 or 1, the bootstrap's otherwise). A policy that "
+        "chose step 0 kept the untrained adapter: its model is the base model."
     ]
     for selection, link in zip(selections, figures, strict=True):
         rows = [
-            f"| {policy} | {choice['step']} | {_estimate(choice['estimate'])} | "
+            f"| {policy} | {_step(choice['step'])} | {_estimate(choice['estimate'])} | "
             f"{_estimate(choice['runner_up'])} |"
             for policy, choice in selection["choices"].items()
         ]

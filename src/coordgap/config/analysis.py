@@ -55,12 +55,13 @@ class AnalysisConfig:
 
 @dataclass(frozen=True, slots=True)
 class ComparisonConfig:
-    """The pairwise comparisons: the statistics' settings, the pairs, and power's alpha.
+    """The pairwise comparisons: the statistics' settings, the pairs, and the power settings.
 
     Attributes:
         analysis: Rewards and interval settings.
         comparisons: The (model a, model b) pairs of ``analysis.comparisons``.
-        power: The power settings; their alpha is the one of each comparison's achieved power.
+        power: The power settings; each comparison's detectable effect uses their alpha and
+            target power.
         checkpoints: Further families from checkpoint selection (``checkpoint_families``).
     """
 

@@ -1,7 +1,8 @@
 """Checkpoint selection: which step of a run each policy keeps, and why.
 
-Every estimate is the mean episode reward under the run's trained variant and weights, with a
-percentile bootstrap interval (the same estimator as the statistics). A step's training
+Every estimate is the mean episode reward under the run's trained variant and weights, with the
+statistics' interval (``coordgap.intervals.mean_interval``: Wilson's when every reward is 0 or 1,
+the percentile bootstrap's otherwise). A step's training
 estimate comes from the rollouts it played (checkpoint ``k`` plays step ``k``'s rollouts; the
 last checkpoint plays none); its validation estimate from the validation episodes it played.
 
@@ -27,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from coordgap.env.variants import reward_expr
-from coordgap.intervals import bootstrap_mean_ci
+from coordgap.intervals import mean_interval
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -96,12 +97,12 @@ def step_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int, np
 def estimates(
     rewards: Mapping[int, np.ndarray], confidence: float, resamples: int, seed: int
 ) -> dict[int, Estimate]:
-    """A bootstrap estimate per step (the statistics' estimator, ``analysis:`` settings).
+    """An estimate per step (the statistics' estimator, ``analysis:`` settings).
 
     Args:
         rewards: Step -> episode rewards.
         confidence: Coverage of the intervals.
-        resamples: Bootstrap resamples.
+        resamples: Bootstrap resamples of a step whose rewards are not all 0 or 1.
         seed: Seed of the resampling.
 
     Returns:
@@ -109,7 +110,7 @@ def estimates(
     """
     result = {}
     for step in sorted(rewards):
-        mean, low, high = bootstrap_mean_ci(rewards[step], confidence, resamples, seed)
+        mean, low, high = mean_interval(rewards[step], confidence, resamples, seed)
         result[step] = Estimate(step, mean, low, high, int(rewards[step].size))
     return result
 

@@ -1,11 +1,20 @@
-"""The training history's contract: one row per GRPO step (``history.parquet``)."""
+"""The training history's contract: one row per GRPO step (``history.parquet``).
+
+A row's reward columns summarize any cell of a run (``rollout_rewards``): its validation and
+test cells are tracked with the same names as its training curve (``coordgap.tracking``).
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from coordgap.env.protocols import Tool
-from coordgap.env.variants import RewardVariant
+from coordgap.env.variants import RewardVariant, reward_expr
+
+if TYPE_CHECKING:
+    from coordgap.config.training import TrainingRunConfig
 
 HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "run": pl.String(),
@@ -46,3 +55,33 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "seconds_update": pl.Float64(),
     "seconds": pl.Float64(),
 }
+
+
+def rollout_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[str, Any]:
+    """A step's rollout statistics for its history row, from its episode table alone.
+
+    Rewards use the run's weights; ``reward_*`` is the variant trained on, and
+    ``reward_<variant>_*`` every variant. Episodes that ended in an error count apart.
+
+    Args:
+        episodes: The step's rollout episode table.
+        run: The training run.
+
+    Returns:
+        The reward, meal and deadlock columns of a history row.
+    """
+    ok = episodes.filter(pl.col("status") == "ok")
+    row: dict[str, Any] = {"episodes": ok.height, "errors": episodes.height - ok.height}
+    trained = ok.select(reward_expr(run.variant, run.weights))["reward"]
+    row |= {
+        "reward_mean": trained.mean(),
+        # Population standard deviation, as ART's advantages use.
+        "reward_std": trained.std(ddof=0),
+        "reward_min": trained.min(),
+        "reward_max": trained.max(),
+    }
+    for variant in RewardVariant:
+        rewards = ok.select(reward_expr(variant, run.weights))["reward"]
+        row |= {f"reward_{variant}_mean": rewards.mean(), f"reward_{variant}_std": rewards.std(0)}
+    row |= {"meals_mean": ok["meals_total"].mean(), "deadlock_rate": ok["deadlock"].mean()}
+    return row

@@ -49,16 +49,15 @@ from coordgap.agents.runner import Cell, CellOutputs, publish_journal, read_jour
 from coordgap.config.training import Trainer
 from coordgap.data import derive_seed, step_label, write_parquet_atomic
 from coordgap.env.protocols import TOOLS
-from coordgap.env.variants import RewardVariant, reward_expr
 from coordgap.policies.adapters import prompted_policies
 from coordgap.preemption import preemptible
 from coordgap.resume import ResumeFolder, replace_path, share_as_umask, write_text_atomic
-from coordgap.training.history import HISTORY_SCHEMA
+from coordgap.training.history import HISTORY_SCHEMA, rollout_rewards
 from coordgap.training.probe import probe_conversations, rollout_choices
 from coordgap.training.trajectories import trajectory_groups
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from coordgap.config.play import EnvironmentConfig, ModelSpec
@@ -212,36 +211,6 @@ async def play_rollouts(
     return read_journal(cell, outputs)
 
 
-def rollout_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[str, Any]:
-    """A step's rollout statistics for its history row, from its episode table alone.
-
-    Rewards use the run's weights; ``reward_*`` is the variant trained on, and
-    ``reward_<variant>_*`` every variant. Episodes that ended in an error count apart.
-
-    Args:
-        episodes: The step's rollout episode table.
-        run: The training run.
-
-    Returns:
-        The reward, meal and deadlock columns of a history row.
-    """
-    ok = episodes.filter(pl.col("status") == "ok")
-    row: dict[str, Any] = {"episodes": ok.height, "errors": episodes.height - ok.height}
-    trained = ok.select(reward_expr(run.variant, run.weights))["reward"]
-    row |= {
-        "reward_mean": trained.mean(),
-        # Population standard deviation, as ART's advantages use.
-        "reward_std": trained.std(ddof=0),
-        "reward_min": trained.min(),
-        "reward_max": trained.max(),
-    }
-    for variant in RewardVariant:
-        rewards = ok.select(reward_expr(variant, run.weights))["reward"]
-        row |= {f"reward_{variant}_mean": rewards.mean(), f"reward_{variant}_std": rewards.std(0)}
-    row |= {"meals_mean": ok["meals_total"].mean(), "deadlock_rate": ok["deadlock"].mean()}
-    return row
-
-
 class _WorkDir:
     """The resume folder of a run: committed steps, and the fingerprint they belong to."""
 
@@ -323,12 +292,16 @@ def train(
     first_scenario: int,
     progress: bool,
     max_error_share: float,
+    on_step: Callable[[int, dict[str, Any]], None],
 ) -> None:
     """Run the steps after the last committed one, committing each (see the module docstring).
 
+    ``on_step(step, row)`` sees every committed history row in step order: those of an earlier
+    attempt first, then each new one once its commit is done.
+
     SIGTERM and SIGINT abandon the step in progress at once (``coordgap.preemption``), but
-    never a commit, so the rerun continues from the last whole step and the step's journalled
-    rollouts.
+    never a commit or an ``on_step`` call, so the rerun continues from the last whole step and
+    the step's journalled rollouts.
 
     Raises:
         Preempted: A signal stopped the run.
@@ -350,6 +323,11 @@ def train(
             with guard.deferred():
                 work.save_checkpoint(trainer, 0)
                 work.commit(0)
+        # A tracker's write (a database transaction) is deferred like a commit: a signal that
+        # cut it could leave the tracker's store locked or half-written.
+        with guard.deferred():
+            for step in range(work.step):
+                on_step(step, pl.read_parquet(work.history(step)).row(0, named=True))
         for step in range(work.step, run.steps):
             begin = time.perf_counter()
             cell = rollout_cell(run, env, base_seed, first_scenario, step)
@@ -384,6 +362,7 @@ def train(
                 write_parquet_atomic(pl.DataFrame([row], schema=HISTORY_SCHEMA), work.history(step))
                 work.save_checkpoint(trainer, step + 1)
                 work.commit(step + 1)
+                on_step(step, row)
             loss = "-" if math.isnan(stats.loss) else f"{stats.loss:.4f}"
             logger.info(
                 "step %d: n=%d reward %.3f, %d rows (%.0f%% clipped), loss %s, "
@@ -434,6 +413,7 @@ def train_run(
     outputs: RunOutputs,
     progress: bool = True,
     max_error_share: float = 0.0,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> None:
     """Train a run to its last step (resuming a killed one) and write its outputs.
 
@@ -455,6 +435,9 @@ def train_run(
         max_error_share: The largest share of ``error`` rollouts a step may have
             (``experiment.max_error_share``): a step trained on fewer episodes than its groups
             hold must not pass for a full one.
+        on_step: Called with each step and its history row once the step is committed; a
+            resumed run first calls it with the steps committed before (a tracker's curve,
+            ``coordgap.tracking``).
     """
     fingerprint = json.dumps(
         {
@@ -471,5 +454,16 @@ def train_run(
     if work.step is not None:
         logger.info("%s: resuming at step %d of %d", run.name, work.step, run.steps)
     trainer = open_trainer(run, base, weights, work)
-    train(run, trainer, work, env, templates, base_seed, first_scenario, progress, max_error_share)
+    train(
+        run,
+        trainer,
+        work,
+        env,
+        templates,
+        base_seed,
+        first_scenario,
+        progress,
+        max_error_share,
+        on_step or (lambda step, row: None),
+    )
     work.publish()
