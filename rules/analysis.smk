@@ -79,6 +79,41 @@ rule compare_models:
         "../workflow/scripts/compare_models.py"
 
 
+rule compare_seeds:
+    input:
+        episodes=analysis_tables(),
+    output:
+        seeds=report(
+            "results/stats/seeds.csv",
+            caption="../workflow/report/table_seeds.rst",
+            category="Tables",
+            labels={"table": "seeds"},
+        ),
+        comparisons=report(
+            "results/stats/seed_comparisons.csv",
+            caption="../workflow/report/table_seed_comparisons.rst",
+            category="Tables",
+            labels={"table": "seed comparisons"},
+        ),
+    params:
+        code=code_of("compare_seeds"),
+        reward=lookup(dpath="reward", within=config),
+        analysis=analysis_settings("confidence", "bootstrap_resamples", "seed", "seed_comparisons"),
+        arms=ARMS,
+        policies=POLICIES,
+    log:
+        "logs/compare_seeds/compare_seeds.log",
+    benchmark:
+        "logs/compare_seeds/compare_seeds.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+        **site_resources(),
+    conda:
+        PROJECT_ENV
+    script:
+        "../workflow/scripts/compare_seeds.py"
+
+
 rule compute_power:
     input:
         summary="results/stats/summary.csv",
@@ -199,6 +234,8 @@ rule write_report:
     input:
         summary="results/stats/summary.csv",
         comparisons="results/stats/comparisons.csv",
+        seeds="results/stats/seeds.csv",
+        seed_comparisons="results/stats/seed_comparisons.csv",
         power="results/stats/power.csv",
         monitors="results/stats/monitors.csv",
         tables=[
@@ -210,6 +247,8 @@ rule write_report:
         timeline="results/figures/timeline.png",
         selections=selection_targets(),
         training_figures=expand("results/figures/training_{run}.png", run=RUNS),
+        histories=expand("results/train/{run}/history.parquet", run=RUNS),
+        arm_figures=expand("results/figures/arm_{arm}.png", arm=SEEDED_ARMS),
         records=provenance_records(),
         paper_reference="config/paper_reference.yaml",
     output:
@@ -237,6 +276,31 @@ rule write_report:
         PROJECT_ENV
     script:
         "../workflow/scripts/write_report.py"
+
+
+rule plot_arm:
+    input:
+        histories=arm_histories,
+    output:
+        png=report(
+            "results/figures/arm_{arm}.png",
+            caption="../workflow/report/figure_arm.rst",
+            category="Figures",
+            labels={"figure": "an arm's seeds over training", "arm": "{arm}"},
+        ),
+        pdf="results/figures/arm_{arm}.pdf",
+        csv="results/figures/arm_{arm}.csv",
+    params:
+        code=code_of("plot_arm"),
+        runs=lambda wildcards: ARMS[wildcards.arm],
+    log:
+        "logs/plot_arm/{arm}.log",
+    benchmark:
+        "logs/plot_arm/{arm}.benchmark.tsv"
+    conda:
+        PROJECT_ENV
+    script:
+        "../workflow/scripts/plot_arm.py"
 
 
 rule plot_training:

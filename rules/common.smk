@@ -14,7 +14,12 @@ from coordgap.site import load_site
 from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import check_schema
 from coordgap.config.play import ModelSpec, cell_episodes
-from coordgap.config.training import checkpoint_families, evaluated_steps, selected_checkpoints
+from coordgap.config.training import (
+    arms,
+    checkpoint_families,
+    evaluated_steps,
+    selected_checkpoints,
+)
 
 # ---------------------------------------------------------------- validation
 
@@ -52,6 +57,10 @@ API_MODELS = models_of("generate_api_episodes")
 # Scripted and in-process models: everything the job itself computes.
 IN_JOB_MODELS = models_of("generate_episodes")
 RUNS = list(config["training"]["runs"])
+# The study's arms, each with its runs (one per seed: README "Seeds"), and those of several
+# seeds, whose seeds the arm figures overlay.
+ARMS = arms(config)
+SEEDED_ARMS = [arm for arm, runs in ARMS.items() if len(runs) > 1]
 POLICIES = config["evaluation"]["policies"]
 # Selected checkpoints, models named <run>@<policy>: each plays the test grid.
 SELECTED = selected_checkpoints(config)
@@ -79,6 +88,7 @@ def alternatives(names):
 wildcard_constraints:
     model=alternatives(MODELS),
     run=alternatives(RUNS),
+    arm=alternatives(SEEDED_ARMS),
     policy="|".join(POLICIES),
     step=r"\d{4}",
     size=r"\d+",
@@ -303,6 +313,11 @@ def test_targets():
     ]
 
 
+def arm_histories(wildcards):
+    """The training histories of an arm's runs, in the arm's seed order."""
+    return [f"results/train/{run}/history.parquet" for run in ARMS[wildcards.arm]]
+
+
 def selection_targets():
     """Every run's selection."""
     return expand("results/eval/{run}/selection.json", run=RUNS)
@@ -376,6 +391,7 @@ def final_targets():
         *report_figures(),
         "results/figures/timeline.png",
         *expand("results/figures/training_{run}.png", run=RUNS),
+        *expand("results/figures/arm_{arm}.png", arm=SEEDED_ARMS),
     ]
     return [
         "resources/models/manifest.json",
@@ -387,6 +403,8 @@ def final_targets():
             table=[
                 "summary",
                 "comparisons",
+                "seeds",
+                "seed_comparisons",
                 "power",
                 "components",
                 "seats",

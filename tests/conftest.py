@@ -81,6 +81,7 @@ def run(
 ANALYSIS_JOBS = {
     "compute_stats": 1,
     "compare_models": 1,
+    "compare_seeds": 1,
     "compute_power": 1,
     "compute_monitors": 1,
     "plot_reward": 2,

@@ -38,6 +38,9 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     "deadlocks": pl.Int64(),
     "meals_total": pl.Int64(),
     "meals_per_philosopher": pl.List(pl.Int64()),
+    # Rounds that ended with a philosopher holding both its forks, summed over philosophers:
+    # chances to eat (a meal needs one), whether taken or not.
+    "both_forks": pl.Int64(),
     **{column: pl.Int64() for column in CALL_COLUMNS},
     "decisions": pl.Int64(),
     "actions": pl.Int64(),

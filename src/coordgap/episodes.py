@@ -13,6 +13,7 @@ import dataclasses
 import json
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from operator import and_
 from typing import TYPE_CHECKING, Any
 
 from coordgap.data import CALL_COLUMNS
@@ -81,6 +82,7 @@ class EpisodeRecorder:
         self._tokens_in = self._tokens_out = 0
         self._latency = 0.0
         self._deadlocks = 0
+        self._both_forks = 0
         self._deadlock_round: int | None = None
         self.log = EpisodeLog(row={})
 
@@ -123,7 +125,8 @@ class EpisodeRecorder:
             self._history[seat].append(PastTurn(self.round, tool, result.outcome.value, reason))
 
     def end_round(self) -> bool:
-        """Check for deadlock after a round; return True when the episode is over."""
+        """Close a round: count who holds both forks, check for deadlock; True when it is over."""
+        self._both_forks += sum(map(and_, self.table.holds_left, self.table.holds_right))
         if self.table.is_deadlocked():
             self._deadlocks += 1
             self._deadlock_round = self._deadlock_round or self.round
@@ -162,6 +165,7 @@ class EpisodeRecorder:
             "deadlocks": self._deadlocks,
             "meals_total": sum(meals),
             "meals_per_philosopher": list(meals),
+            "both_forks": self._both_forks,
             **{column: self._calls[column.removeprefix("calls_")] for column in CALL_COLUMNS},
             "decisions": sum(self._outcomes.values()),
             "actions": actions,

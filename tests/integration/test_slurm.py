@@ -40,7 +40,13 @@ TEST_CLUSTER_FLAGS = (
     "4",
 )
 # Rules of the tiny run that go to sbatch, and the localrules (rules/common.smk) it runs.
-CLUSTER_RULES = {"generate_episodes", "compute_stats", "compare_models", "compute_monitors"}
+CLUSTER_RULES = {
+    "generate_episodes",
+    "compute_stats",
+    "compare_models",
+    "compare_seeds",
+    "compute_monitors",
+}
 LOCAL_RULES = (
     {"all", "write_model_manifest", "compute_power", "write_report"}
     | {f"index_{phase}" for phase in ("training", "selections", "tests")}
@@ -334,7 +340,7 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
         assert placements[rule] == {gpu_job}, (rule, placements)
     # The cells of the in-process model use the GPU; the scripted cells do not.
     assert placements["generate_episodes"] == {gpu_job, cpu_job}, placements
-    for rule in ("prepare_model", "compute_stats", "compare_models", "compute_monitors"):
+    for rule in ("prepare_model", *sorted(CLUSTER_RULES - {"generate_episodes"})):
         assert placements[rule] == {cpu_job}, (rule, placements)
     results = project / "results"
     assert (results / "train/tiny-grpo/checkpoints/step_0002/adapter_model.safetensors").exists()

@@ -106,6 +106,7 @@ def episode(
         "deadlocks": int(deadlock),
         "meals_total": eaten,
         "meals_per_philosopher": meals,
+        "both_forks": eaten,  # each meal's round ends with the eater holding both forks
         **calls,
         "decisions": actions + no_call,
         "actions": actions,

@@ -9,8 +9,10 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from coordgap.cli import main
+from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import SCHEMA, ConfigError, check_schema
 from coordgap.config.overlays import merge, resolve
+from coordgap.config.training import arms
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -188,3 +190,74 @@ def test_a_model_entry_without_a_required_key_is_named_by_the_schema(tmp_path):
     )
     with pytest.raises(WorkflowError, match="'model' is a required property"):
         check_schema(resolve([study]).config)
+
+
+def _seeded_study(tmp_path, **keys) -> str:
+    """The default study whose run smollm2-grpo carries ``keys`` in place of its seed."""
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    run = {k: v for k, v in default["training"]["runs"]["smollm2-grpo"].items() if k != "seed"}
+    return _write(
+        tmp_path,
+        "study.yaml",
+        {
+            "base": str(ROOT / "config" / "config.yaml"),
+            "replace": ["training.runs"],
+            "training": {"runs": {"smollm2-grpo": run | keys}},
+        },
+    )
+
+
+def test_a_run_with_seeds_becomes_one_run_per_seed_of_its_arm(tmp_path):
+    config = resolve([_seeded_study(tmp_path, seeds=[3, 1, 2])]).config
+    check_schema(copy.deepcopy(config))
+    check_cross_keys(config)
+    runs = config["training"]["runs"]
+    assert list(runs) == ["smollm2-grpo-s3", "smollm2-grpo-s1", "smollm2-grpo-s2"]
+    assert [runs[run]["seed"] for run in runs] == [3, 1, 2]
+    assert {runs[run]["arm"] for run in runs} == {"smollm2-grpo"}
+    assert all("seeds" not in entry for entry in runs.values())
+    assert arms(config) == {"smollm2-grpo": list(runs)}
+    # A run with a seed is an arm of one under its own name.
+    single = resolve([ROOT / "config" / "config.yaml"]).config
+    assert arms(single) == {"smollm2-grpo": ["smollm2-grpo"]}
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"seeds": [1, 1]}, "a list of distinct non-negative integers"),
+        ({"seeds": []}, "a list of distinct non-negative integers"),
+        ({"seeds": "1,2"}, "a list of distinct non-negative integers"),
+        ({"seeds": [1, 2], "seed": 1}, "give seed or seeds, not both"),
+        ({"seeds": [[1], [2]]}, "a list of distinct non-negative integers"),
+    ],
+)
+def test_bad_seeds_are_named_before_anything_runs(tmp_path, keys, message):
+    with pytest.raises(ConfigError, match=rf"'training\.runs\.smollm2-grpo\.seeds': {message}"):
+        resolve([_seeded_study(tmp_path, **keys)])
+
+
+def test_a_seeds_run_may_not_take_the_name_of_another_run(tmp_path):
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    run = default["training"]["runs"]["smollm2-grpo"]
+    seeded = {k: v for k, v in run.items() if k != "seed"} | {"seeds": [1]}
+    study = _write(
+        tmp_path,
+        "study.yaml",
+        {
+            "base": str(ROOT / "config" / "config.yaml"),
+            "training": {"runs": {"a": seeded, "a-s1": run}},
+        },
+    )
+    with pytest.raises(ConfigError, match=r"its run 'a-s1' is a run's name already"):
+        resolve([study])
+
+
+def test_the_runs_of_one_arm_train_one_base_model(tmp_path):
+    study = _seeded_study(tmp_path, seeds=[1])
+    config = resolve([study]).config
+    other = copy.deepcopy(config["training"]["runs"]["smollm2-grpo-s1"])
+    config["models"]["other"] = config["models"]["smollm2-135m"]
+    config["training"]["runs"]["mine"] = other | {"base_model": "other", "arm": "smollm2-grpo"}
+    with pytest.raises(ConfigError, match=r"'training\.runs\.mine\.arm': the runs of arm"):
+        check_cross_keys(config)

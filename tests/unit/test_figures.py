@@ -22,7 +22,12 @@ from coordgap.analysis.stats import (
     reward_columns,
     summary_schema,
 )
-from coordgap.analysis.training import training_figure, write_training_figure
+from coordgap.analysis.training import (
+    arm_figure,
+    training_figure,
+    write_arm_figure,
+    write_training_figure,
+)
 from coordgap.env.variants import RewardVariant
 from coordgap.training.history import HISTORY_SCHEMA
 from tests.unit.analysis_tables import CONFIG, episode, frame, table, write_tables
@@ -200,6 +205,7 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
             "entropy_mean": 0.6 + k / 10,
             "episodes": 4,
             "meals_mean": 0.5 * k,
+            "both_forks_mean": 1.0 + k,
             "deadlock_rate": 1.0 - 0.5 * k,
             "groups": 2,
             "groups_trainable": k,
@@ -217,7 +223,7 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
     write_training_figure(selection_path, history_path, *files)
     figure, _ = training_figure(selection, pl.read_parquet(history_path))
     assert figure.get_suptitle() == (
-        "r: 1 of 4 groups trainable; 2 meals in 8 rollout episodes; "
+        "r: 1 of 4 groups trainable; 2 meals and 12 rounds ready to eat in 8 rollout episodes; "
         "the gradient clip cut 100% of the update rows"
     )
     data = pl.read_csv(files[2])
@@ -228,6 +234,7 @@ def test_training_figure_draws_the_curves_and_what_the_policy_did(tmp_path: Path
     assert "actions_eat" not in data.columns
     # What the rollouts came to belongs to the checkpoint that played them.
     assert data["meals_mean"].to_list() == [0.0, 0.5, None]
+    assert data["both_forks_mean"].to_list() == [1.0, 2.0, None]
     assert data["deadlock_rate"].to_list() == [1.0, 0.5, None]
     assert data["trainable_share"].to_list() == [0.0, 0.5, None]
     assert files[0].stat().st_size > 0
@@ -257,3 +264,47 @@ def test_cell_figures_state_n_mark_small_cells_and_keep_the_legend_off_the_data(
         }
         assert faces["silent (n=6)"] == "none"
         assert faces["hierarchy (n=30)"] != "none"
+
+
+def test_an_arms_figure_overlays_its_seeds_and_their_mean(tmp_path) -> None:
+    """Each seed's rollouts step by step, and the mean over seeds of every panel."""
+
+    def history(seed: int) -> pl.DataFrame:
+        rows = [
+            {
+                "run": f"a-s{seed}",
+                "step": k,
+                "reward_mean": 0.1 * seed + 0.2 * k,
+                "actions_pick_up_left": 0.8 - 0.1 * k,
+                "actions_eat": 0.2 + 0.1 * k if seed == 1 else None,
+                "actions_think": 0.0 if seed == 1 else 0.2 + 0.1 * k,
+                "entropy_mean": 0.5,
+                "episodes": 6,
+                "meals_mean": 0.5 * k * seed,
+                "both_forks_mean": float(k + seed),
+                "deadlock_rate": 0.5,
+                "groups": 2,
+                "groups_trainable": min(k, 2),
+            }
+            for k in range(3)
+        ]
+        return pl.DataFrame(rows, schema=HISTORY_SCHEMA)
+
+    histories = {f"a-s{seed}": history(seed) for seed in (1, 2, 3)}
+    figure, data = arm_figure("a", histories)
+    assert figure.get_suptitle().startswith("a: 3 seeds (a-s1, a-s2, a-s3)")
+    assert data.height == 9
+    assert data.filter(pl.col("run") == "a-s2")["both_forks_mean"].to_list() == [2.0, 3.0, 4.0]
+    assert data.filter(pl.col("run") == "a-s2")["actions_eat"].to_list() == [0.0, 0.0, 0.0]
+    assert data.filter(pl.col("step") == 2)["trainable_share"].to_list() == [1.0, 1.0, 1.0]
+    # Every overlaid panel: three seeds and the mean.
+    assert [len(axes.get_lines()) for axes in figure.axes[1:]] == [4] * 5
+    mean = figure.axes[2].get_lines()[-1]
+    assert list(mean.get_ydata()) == pytest.approx([0.0, 1.0, 2.0])  # meals: (0.5 k)(1+2+3)/3
+    paths = {}
+    for run in histories:
+        paths[run] = tmp_path / f"{run}.parquet"
+        histories[run].write_parquet(paths[run])
+    files = [tmp_path / f"arm.{ext}" for ext in ("png", "pdf", "csv")]
+    write_arm_figure("a", paths, *files)
+    assert pl.read_csv(files[2]).height == 9

@@ -17,6 +17,7 @@ from coordgap.analysis.stats import summarize
 from coordgap.analysis.training import selection_section
 from coordgap.env.variants import RewardVariant
 from coordgap.provenance import Provenance, config_digest, git_commit
+from coordgap.training.history import HISTORY_SCHEMA
 from tests.conftest import ROOT, TINY_CONFIG
 from tests.unit.analysis_tables import (
     COMPARE,
@@ -258,6 +259,19 @@ def test_the_selection_section_names_step_0_the_untrained_adapter() -> None:
             "best_val": {"step": 0, "estimate": estimate(0, 0.6), "runner_up": estimate(2, 0.5)},
         },
     }
-    section = selection_section([selection], ["figures/training_tiny-grpo.png"])
+    history = pl.DataFrame(
+        [
+            {"step": step, "episodes": 6, "meals_mean": 0.0, "both_forks_mean": 0.5}
+            | {"groups": 2, "groups_trainable": 0}
+            for step in range(2)
+        ],
+        schema=HISTORY_SCHEMA,
+    )
+    section = selection_section([selection], ["figures/training_tiny-grpo.png"], [history])
     assert "| last | 2 | 0.500 [0.400, 0.600] (step 2) | — |" in section
+    assert (
+        "Training signal: 0 of 4 groups trainable; 0 meals and 6 rounds ready to eat in 12 "
+        "rollout episodes (no training signal: every group's rewards were equal, nothing was "
+        "learnt)." in section
+    )
     assert "| best_val | 0 (the untrained adapter) | 0.600 [0.500, 0.700] (step 0) |" in section

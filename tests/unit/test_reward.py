@@ -24,10 +24,17 @@ PAPER = RewardWeights()
 
 
 def episode_frame(
-    parts: RewardComponents, *, meals_total: int, actions: int, think: int, no_call: int
+    parts: RewardComponents,
+    *,
+    meals_total: int,
+    actions: int,
+    think: int,
+    no_call: int,
+    both_forks: int = 0,
 ) -> pl.DataFrame:
-    """A one-row episode table with the columns ``reward_expr`` needs."""
+    """A one-row episode table of a 5-seat, 5-round table with the columns ``reward_expr`` needs."""
     counts = {"meals_total": meals_total, "actions": actions, "think": think, "no_call": no_call}
+    counts |= {"n": 5, "rounds": 5, "both_forks": both_forks}
     return pl.DataFrame({name: [value] for name, value in {**asdict(parts), **counts}.items()})
 
 
@@ -105,11 +112,18 @@ def test_shaped_idle_is_zero_without_any_decision() -> None:
 def test_weights_scale_each_component(variant: RewardVariant) -> None:
     """Each weight multiplies its own term: bumping one weight by 1 moves the reward by exactly
     that term (with its sign), and all-zero weights give 0."""
+    # 3 meals, all to one seat, and 6 rounds ending ready to eat: progress's terms equal the
+    # stored ones (throughput (3 + 6/2) / 10; one seat eating all is the most unfair either way).
     frame = episode_frame(
-        RewardComponents(1.0, 0.6, 0.25, 0.5), meals_total=3, actions=8, think=4, no_call=0
+        RewardComponents(1.0, 0.6, 1.0, 0.5),
+        meals_total=3,
+        actions=8,
+        think=4,
+        no_call=0,
+        both_forks=6,
     )
     base = reward(frame, variant)
-    terms = {"nd": 1.0, "thru": 0.6, "fair": -0.25, "idle": -0.5}
+    terms = {"nd": 1.0, "thru": 0.6, "fair": -1.0, "idle": -0.5}
     for name, term in terms.items():
         bumped = replace(PAPER, **{name: getattr(PAPER, name) + 1.0})
         assert reward(frame, variant, bumped) == pytest.approx(base + term), name
@@ -123,6 +137,65 @@ def test_paper_reward_of_a_thinker_depends_on_the_idle_weight() -> None:
     assert reward(frame, RewardVariant.PAPER) == pytest.approx(0.9)
     assert reward(frame, RewardVariant.PAPER, RewardWeights(idle=0.0)) == 1.0
     assert reward(frame, RewardVariant.PAPER, RewardWeights(idle=0.5)) == pytest.approx(0.5)
+
+
+def never_eats(*, both_forks: int, deadlock: bool = False) -> pl.DataFrame:
+    """A 5-seat episode of 20 fork moves, no meal, ``both_forks`` rounds ending ready to eat."""
+    parts = components(n=5, rounds=5, meals=[0] * 5, deadlock=deadlock, actions=20, think=0)
+    counts = {"meals_total": 0, "actions": 20, "think": 0, "no_call": 0}
+    return episode_frame(parts, **counts, both_forks=both_forks)
+
+
+def test_progress_ranks_episodes_without_a_meal_that_shaped_scores_alike() -> None:
+    """A policy that never eats earns one shaped reward in every episode: nothing for GRPO to
+    compare. The progress variant pays for rounds that ended ready to eat."""
+    idle, ready = never_eats(both_forks=0), never_eats(both_forks=3)
+    assert reward(idle, RewardVariant.SHAPED) == reward(ready, RewardVariant.SHAPED) == 0.0
+    assert reward(idle, RewardVariant.PROGRESS) == 0.0
+    # The bonus, and 3 half meals of the 2 * 5 a 5-seat table can eat in 5 rounds.
+    assert reward(ready, RewardVariant.PROGRESS) == pytest.approx(1.0 + 0.5 * 1.5 / 10)
+    assert reward(never_eats(both_forks=4), RewardVariant.PROGRESS) > reward(
+        ready, RewardVariant.PROGRESS
+    )
+
+
+def test_progress_pays_a_meal_more_than_readiness_and_no_bonus_after_a_deadlock() -> None:
+    ate = episode_frame(
+        components(n=5, rounds=5, meals=[1, 0, 0, 0, 0], deadlock=False, actions=20, think=0),
+        meals_total=1,
+        actions=20,
+        think=0,
+        no_call=0,
+        both_forks=2,
+    )
+    # The same two rounds ready to eat, one of them used.
+    assert reward(ate, RewardVariant.PROGRESS) > reward(
+        never_eats(both_forks=2), RewardVariant.PROGRESS
+    )
+    deadlocked = reward(never_eats(both_forks=3, deadlock=True), RewardVariant.PROGRESS)
+    assert deadlocked == pytest.approx(reward(never_eats(both_forks=3), RewardVariant.PROGRESS) - 1)
+
+
+def test_progress_fairness_counts_only_beyond_the_most_even_split() -> None:
+    """One meal can only go to one seat: no unfairness. Six meals at five seats are split most
+    evenly as 2, 1, 1, 1, 1; all six to one seat is the most unfair."""
+
+    def fairness(meals: list[int]) -> float:
+        parts = components(n=5, rounds=5, meals=meals, deadlock=False, actions=20, think=0)
+        frame = episode_frame(parts, meals_total=sum(meals), actions=20, think=0, no_call=0)
+        return frame.select(component_exprs(RewardVariant.PROGRESS)["fair"]).item()
+
+    assert fairness([1, 0, 0, 0, 0]) == 0.0
+    assert fairness([2, 1, 1, 1, 1]) == pytest.approx(0.0)
+    assert fairness([6, 0, 0, 0, 0]) == pytest.approx(1.0)
+    # v = (3^2 + 3 * 1^2) / 5 - (6/5)^2 = 0.96; v_min 0.16, v_max 36 * 4 / 25 = 5.76.
+    assert fairness([3, 1, 1, 1, 0]) == pytest.approx((0.96 - 0.16) / (5.76 - 0.16))
+
+
+def test_progress_throughput_is_capped_at_one() -> None:
+    frame = never_eats(both_forks=40)
+    (thru,) = frame.select(component_exprs(RewardVariant.PROGRESS)["thru"]).row(0)
+    assert thru == 1.0
 
 
 def _schema_enums(node: object) -> list[list[str]]:

@@ -116,6 +116,8 @@ def test_replay_reproduces_every_recorded_outcome_and_meal(env: Any, policy: str
         final = timeline.group_by("philosopher").agg(pl.col("meals").last()).sort("philosopher")
         assert final["meals"].to_list() == row["meals_per_philosopher"]
         assert timeline["ate"].sum() == row["meals_total"]
+        ready = timeline.filter(pl.col("holds_left") & pl.col("holds_right")).height
+        assert ready == row["both_forks"]
         deadlocks = timeline.filter("deadlock")["round"].unique().sort().to_list()
         assert len(deadlocks) == row["deadlocks"]
         assert (deadlocks[0] if deadlocks else None) == row["deadlock_round"]
@@ -136,6 +138,8 @@ def test_steps_that_do_not_replay_are_refused() -> None:
     )
     with pytest.raises(ReplayError, match="recorded ok"):
         replay(Episode(row, forged))
+    with pytest.raises(ReplayError, match="both forks held"):
+        replay(Episode(row | {"both_forks": row["both_forks"] + 1}, steps))
 
 
 def test_coordgap_show_draws_any_episode_of_any_table(

@@ -258,6 +258,7 @@ def test_rollout_tables_rebuild_the_history_rewards(rollouts: dict[str, pl.DataF
     assert row["reward_mean"] == pytest.approx(row["reward_paper_mean"])
     shaped = rollout_rewards(episodes, tiny_run(reward={**RUN["reward"], "variant": "shaped"}))
     assert shaped["reward_mean"] == pytest.approx(row["reward_shaped_mean"])
+    assert row["both_forks_mean"] == pytest.approx(episodes["both_forks"].mean())
     choices = rollout_choices(episodes, rollouts["transcripts"])
     assert sum(choices[f"actions_{tool}"] for tool in SIX) == pytest.approx(1.0)
     assert 0 < choices["entropy_mean"] < torch.log(torch.tensor(6.0)).item()

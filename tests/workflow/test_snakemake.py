@@ -135,7 +135,13 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
         ),
         "reward.weights.idle": (
             0.2,
-            {"compute_stats", "compare_models", "compute_power", "compute_monitors"}
+            {
+                "compute_stats",
+                "compare_models",
+                "compare_seeds",
+                "compute_power",
+                "compute_monitors",
+            }
             | figures
             | {"write_report"},
         ),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,6 +174,52 @@ def _why_not_welch(x: np.ndarray, y: np.ndarray, names: tuple[str, str]) -> list
     return reasons
 
 
+@dataclass(frozen=True, slots=True)
+class MeanTest:
+    """Welch's t-test and the permutation test of a mean difference, and which one to read.
+
+    Attributes:
+        t: Welch's t (NaN when both samples are constant).
+        dof: Its degrees of freedom.
+        welch_p: Its p-value.
+        permutation_p: The permutation test's p-value.
+        reasons: Why Welch's approximation does not hold (empty: read Welch).
+    """
+
+    t: float
+    dof: float
+    welch_p: float
+    permutation_p: float
+    reasons: tuple[str, ...]
+
+    @property
+    def test(self) -> str:
+        """The test to read: ``welch`` or ``permutation``."""
+        return "permutation" if self.reasons else "welch"
+
+    @property
+    def p(self) -> float:
+        """The p-value of the test to read."""
+        return self.permutation_p if self.reasons else self.welch_p
+
+
+def mean_test(x: np.ndarray, y: np.ndarray, names: tuple[str, str], seed: int) -> MeanTest:
+    """Test the mean difference of two samples of at least two episodes each, both ways.
+
+    Args:
+        x: Sample A's rewards.
+        y: Sample B's rewards.
+        names: The two samples' names, for the reasons.
+        seed: Seed of the permutation test's random splits.
+
+    Returns:
+        Both tests, and which one to read.
+    """
+    t, dof, welch_p = _welch(x, y)
+    reasons = tuple(_why_not_welch(x, y, names))
+    return MeanTest(t, dof, welch_p, permutation_p(x, y, seed), reasons)
+
+
 def two_sample_tests(
     x: np.ndarray, y: np.ndarray, names: tuple[str, str], config: ComparisonConfig
 ) -> dict[str, Any]:
@@ -190,23 +237,21 @@ def two_sample_tests(
     """
     seed = config.analysis.seed
     confidence = config.analysis.confidence
-    t, dof, welch_p = _welch(x, y)
-    shuffled_p = permutation_p(x, y, seed)
-    reasons = _why_not_welch(x, y, names)
+    tested = mean_test(x, y, names, seed)
     g, g_low, g_high = hedges_g(x, y, confidence)
     g_av, g_av_low, g_av_high = average_sd_g(x, y, confidence)
     ratio = sd_ratio(x, y)
     superiority, bm_p = brunner_munzel(x, y, seed)
-    notes = [f"Welch not read: {'; '.join(reasons)}"] if reasons else []
+    notes = [f"Welch not read: {'; '.join(tested.reasons)}"] if tested.reasons else []
     if ratio > SD_RATIO_LIMIT:
         notes.append(f"SDs differ {ratio:.1f}x: read g_av")
     return {
-        "test": "permutation" if reasons else "welch",
-        "p": shuffled_p if reasons else welch_p,
-        "t": t,
-        "dof": dof,
-        "welch_p": welch_p,
-        "permutation_p": shuffled_p,
+        "test": tested.test,
+        "p": tested.p,
+        "t": tested.t,
+        "dof": tested.dof,
+        "welch_p": tested.welch_p,
+        "permutation_p": tested.permutation_p,
         "hedges_g": g,
         "hedges_g_ci_low": g_low,
         "hedges_g_ci_high": g_high,

@@ -23,6 +23,7 @@ from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
 from coordgap.analysis.findings import findings_section
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
+from coordgap.analysis.seeds import SEED_COMPARISON_SCHEMA, SEED_SCHEMA
 from coordgap.analysis.stats import (
     SMALL_CELL,
     read_table,
@@ -50,6 +51,11 @@ _DEFINITIONS: dict[RewardVariant, str] = {
         "the same weighted sum, except that the no-deadlock bonus counts only when at least "
         "one meal was eaten and decisions without a parseable tool call count as idle"
     ),
+    RewardVariant.PROGRESS: (
+        "the shaped sum, except that a round that ended with a philosopher holding both forks "
+        "counts as half a meal of throughput and earns the no-deadlock bonus as a meal does, "
+        "and that unfairness counts only beyond the most even split of the meals"
+    ),
 }
 
 
@@ -69,6 +75,10 @@ class ReportInputs:
         tables: Further statistics tables to link to (CSV), e.g. components and seats.
         selections: Every training run's ``selection.json``.
         training_figures: Their training-curve PNGs, in the same order.
+        histories: Their runs' ``history.parquet`` tables, in the same order.
+        seeds: ``results/stats/seeds.csv`` (every arm seed by seed), if the study trains.
+        seed_comparisons: ``results/stats/seed_comparisons.csv``, if the study trains.
+        arm_figures: The figures of the arms of several seeds (``arm_<arm>.png``).
         records: The provenance records of every output the statistics read (episodes,
             training, validation, tests); each must match the current config.
     """
@@ -83,6 +93,10 @@ class ReportInputs:
     tables: Sequence[Path] = field(default_factory=tuple)
     selections: Sequence[Path] = field(default_factory=tuple)
     training_figures: Sequence[Path] = field(default_factory=tuple)
+    histories: Sequence[Path] = field(default_factory=tuple)
+    seeds: Path | None = None
+    seed_comparisons: Path | None = None
+    arm_figures: Sequence[Path] = field(default_factory=tuple)
     records: Sequence[Path] = field(default_factory=tuple)
 
 
@@ -295,6 +309,91 @@ def _comparisons_section(comparisons: pl.DataFrame) -> str:
             for row in group.iter_rows(named=True)
         ]
         parts.append(f"### Family `{family}`, `{variant}` reward\n\n" + _table(header, rows))
+    return "\n\n".join(parts)
+
+
+def seeds_section(
+    seeds: pl.DataFrame, pairs: pl.DataFrame, figures: Sequence[str] = ()
+) -> str | None:
+    """The arms seed by seed and the seed-level comparisons, if any arm has several seeds.
+
+    With one seed per arm and no pair configured there is nothing the checkpoint families of
+    the comparisons do not say already.
+
+    Args:
+        seeds: ``seeds.csv``.
+        pairs: ``seed_comparisons.csv``.
+        figures: Relative links to the arm figures.
+
+    Returns:
+        Markdown, or None.
+    """
+    if pairs.is_empty() and (seeds.is_empty() or seeds["seeds"].max() < 2):
+        return None
+    arms = [
+        [
+            f"`{row['arm']}@{row['policy']}`",
+            f"`{row['variant']}`",
+            row["n"],
+            row["seeds"],
+            row["seed_means"],
+            _interval(row["mean"], row["ci_low"], row["ci_high"]),
+            _number(row["pooled_mean"]),
+        ]
+        for row in seeds.iter_rows(named=True)
+    ]
+    parts = [
+        "## Seeds\n\nEach arm trained once per seed; its seeds differ by chance alone. Per "
+        "arm's selection: each seed's test mean, their mean with the t interval over seeds "
+        "(normal seed means assumed), and the pooled episodes' mean, which treats the episodes "
+        "of one seed as independent.\n\n"
+        + _table(
+            ["Arm", "Reward", "N", "Seeds", "Seed means", "Mean [CI over seeds]", "Pooled"],
+            arms,
+        ),
+        *(f"![{Path(link).stem}]({link})" for link in figures),
+    ]
+    if not pairs.is_empty():
+        rows = [
+            [
+                f"`{row['variant']}`",
+                row["n"],
+                f"{row['a']} vs {row['b']}",
+                f"{row['seeds_a']} vs {row['seeds_b'] or 'model'}",
+                _interval(row["diff"], row["diff_ci_low"], row["diff_ci_high"]),
+                row["test"],
+                _p_value(row["p"]),
+                _p_value(row["p_holm"]),
+                f"{_p_value(row['permutation_p'])} (min {_number(row['min_p'])})",
+                f"{_p_value(row['pooled_p'])} ({row['pooled_test'] or _MISSING})",
+                row["note"] or "",
+            ]
+            for row in pairs.iter_rows(named=True)
+        ]
+        parts.append(
+            "### Seed-level comparisons\n\nThe study's primary family "
+            "(`analysis.seed_comparisons`), Holm-corrected over its pairs at each N and "
+            "reward. Against an arm: Welch's t over seed means; against a model: the "
+            "one-sample t over each seed's difference from the model's mean, held fixed. The "
+            "exact permutation test beside it assumes only exchangeable seeds, and cannot go "
+            "below its minimum with so few.\n\n"
+            + _table(
+                [
+                    "Reward",
+                    "N",
+                    "A vs B",
+                    "Seeds",
+                    "Diff [CI]",
+                    "Test",
+                    "p",
+                    "Holm p",
+                    "Permutation p",
+                    "Pooled episodes p",
+                    "Note",
+                ],
+                rows,
+            )
+        )
     return "\n\n".join(parts)
 
 
@@ -539,6 +638,15 @@ def write_report(
     monitors = read_table(inputs.monitors, MONITOR_SCHEMA)
     paper = yaml.safe_load(Path(inputs.paper_reference).read_text(encoding="utf-8"))
     selections = [read_selection(path) for path in inputs.selections]
+    seeds = (
+        seeds_section(
+            read_table(inputs.seeds, SEED_SCHEMA),
+            read_table(inputs.seed_comparisons, SEED_COMPARISON_SCHEMA),
+            [_link(Path(png), out_md) for png in inputs.arm_figures],
+        )
+        if inputs.seeds and inputs.seed_comparisons
+        else None
+    )
     findings = findings_section(
         summary,
         comparisons,
@@ -558,12 +666,15 @@ def write_report(
         *(
             [
                 selection_section(
-                    selections, [_link(Path(png), out_md) for png in inputs.training_figures]
+                    selections,
+                    [_link(Path(png), out_md) for png in inputs.training_figures],
+                    [pl.read_parquet(path) for path in inputs.histories],
                 )
             ]
             if selections
             else []
         ),
+        *([seeds] if seeds else []),
         _power_section(power),
         _monitors_section(monitors, monitor_config),
         _figures_section(inputs, out_md, analysis.variants),

@@ -17,6 +17,7 @@ drawn as a seats x rounds figure (:func:`timeline_figure`) and as text for a ter
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import and_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,8 +139,9 @@ def replay(episode: Episode) -> pl.DataFrame:
         ended in a circular wait.
 
     Raises:
-        ReplayError: If a replayed outcome, the turn order or the final meals differ from the
-            record (the table or its seed are not the ones the episode was played with).
+        ReplayError: If a replayed outcome, the turn order, the final meals or the count of
+            rounds ending with both forks held differ from the record (the table or its seed
+            are not the ones the episode was played with).
     """
     row = episode.row
     n = row["n"]
@@ -149,6 +151,7 @@ def replay(episode: Episode) -> pl.DataFrame:
     rounds = episode.steps.partition_by("round", maintain_order=True)
     timeline = []
     meals_before = [0] * n
+    both_forks = 0
     for index, decisions in enumerate(rounds):
         recorded = decisions.to_dicts()
         tools = [None if d["tool"] is None else Tool(d["tool"]) for d in recorded]
@@ -164,6 +167,7 @@ def replay(episode: Episode) -> pl.DataFrame:
                 d["philosopher"]: table.act(d["philosopher"], tool)
                 for d, tool in zip(recorded, tools, strict=True)
             }
+        both_forks += sum(map(and_, table.holds_left, table.holds_right))
         deadlocked = table.is_deadlocked()
         # Meals are counted from the table rather than from eat calls: under dpbench4 eating
         # is automatic.
@@ -191,6 +195,11 @@ def replay(episode: Episode) -> pl.DataFrame:
         raise ReplayError(
             f"replayed meals {table.meals} differ from the recorded "
             f"{list(row['meals_per_philosopher'])}"
+        )
+    if both_forks != row["both_forks"]:
+        raise ReplayError(
+            f"replayed rounds ending with both forks held, {both_forks}, differ from the "
+            f"recorded {row['both_forks']}"
         )
     return pl.DataFrame(timeline, schema=TIMELINE_SCHEMA)
 

@@ -75,7 +75,8 @@ def policy_by_checkpoint(history: pl.DataFrame) -> pl.DataFrame:
 
     Returns:
         ``step`` (the checkpoint), the tools' ``actions_*`` shares that were ever non-zero,
-        ``entropy_mean``, the rollouts' ``meals_mean`` and ``deadlock_rate``, the share of
+        ``entropy_mean``, the rollouts' ``meals_mean``, ``both_forks_mean`` (rounds ending
+        ready to eat) and ``deadlock_rate``, the share of
         their groups with a training signal (``trainable_share``: rewards not all equal),
         ``clipped_share``, ``probe_kl`` and ``probe_kl_acting`` (null where not measured).
     """
@@ -88,6 +89,7 @@ def policy_by_checkpoint(history: pl.DataFrame) -> pl.DataFrame:
         *actions,
         "entropy_mean",
         "meals_mean",
+        "both_forks_mean",
         "deadlock_rate",
         trainable.alias("trainable_share"),
         "clipped_share",
@@ -122,6 +124,7 @@ def training_figure(
     panels = {
         "the checkpoint's rollouts": {
             "meals_mean": "meals per episode",
+            "both_forks_mean": "rounds ready to eat per episode",
             "deadlock_rate": "deadlock rate",
             "trainable_share": "groups trainable",
         },
@@ -153,13 +156,32 @@ def training_figure(
     return figure, data.join(policy, on="step", how="full", coalesce=True).sort("step")
 
 
+def training_signal(history: pl.DataFrame) -> str:
+    """What a run's rollouts gave it to learn from: trainable groups, meals, readiness to eat.
+
+    Args:
+        history: The run's ``history.parquet``.
+
+    Returns:
+        E.g. ``3 of 6 groups trainable; 0 meals and 12 rounds ready to eat in 18 rollout
+        episodes``, and a warning when no group was trainable: no update changed the adapter.
+    """
+    meals, ready = history.select(
+        (pl.col(column) * pl.col("episodes")).sum() for column in ("meals_mean", "both_forks_mean")
+    ).row(0)
+    trainable = history["groups_trainable"].sum()
+    signal = (
+        f"{trainable} of {history['groups'].sum()} groups trainable; {meals:.0f} meals and "
+        f"{ready:.0f} rounds ready to eat in {history['episodes'].sum()} rollout episodes"
+    )
+    if trainable == 0:
+        signal += " (no training signal: every group's rewards were equal, nothing was learnt)"
+    return signal
+
+
 def _title(run: str, history: pl.DataFrame) -> str:
     """The run with what its rollouts gave it to learn from, and how hard the clip cut."""
-    meals = history.select((pl.col("meals_mean") * pl.col("episodes")).sum()).item()
-    parts = [
-        f"{history['groups_trainable'].sum()} of {history['groups'].sum()} groups trainable",
-        f"{meals:.0f} meals in {history['episodes'].sum()} rollout episodes",
-    ]
+    parts = [training_signal(history)]
     clipped = history.drop_nulls("clipped_share")["clipped_share"]
     if clipped.len():
         parts.append(f"the gradient clip cut {clipped.mean():.0%} of the update rows")
@@ -271,12 +293,18 @@ def _step(step: int) -> str:
     return "0 (the untrained adapter)" if step == 0 else str(step)
 
 
-def selection_section(selections: Sequence[dict[str, Any]], figures: Sequence[str]) -> str:
+def selection_section(
+    selections: Sequence[dict[str, Any]],
+    figures: Sequence[str],
+    histories: Sequence[pl.DataFrame],
+) -> str:
     """The report's part on training and checkpoint selection.
 
     Args:
         selections: Every run's selection.
         figures: The relative links of their training figures, in the same order.
+        histories: Their ``history.parquet`` tables, in the same order: each run's training
+            signal (:func:`training_signal`).
 
     Returns:
         Markdown.
@@ -290,7 +318,7 @@ def selection_section(selections: Sequence[dict[str, Any]], figures: Sequence[st
         "(Wilson's where every reward is 0 or 1, the bootstrap's otherwise). A policy that "
         "chose step 0 kept the untrained adapter: its model is the base model."
     ]
-    for selection, link in zip(selections, figures, strict=True):
+    for selection, link, history in zip(selections, figures, histories, strict=True):
         rows = [
             f"| {policy} | {_step(choice['step'])} | {_estimate(choice['estimate'])} | "
             f"{_estimate(choice['runner_up'])} |"
@@ -298,7 +326,85 @@ def selection_section(selections: Sequence[dict[str, Any]], figures: Sequence[st
         ]
         parts.append(
             f"### {selection['run']}\n\n![training curve of {selection['run']}]({link})\n\n"
+            f"Training signal: {training_signal(history)}.\n\n"
             "| policy | step | estimate | runner-up |\n| --- | --- | --- | --- |\n"
             + "\n".join(rows)
         )
     return "\n\n".join(parts)
+
+
+# What an arm's figure overlays seed by seed, by history column: each panel's label.
+ARM_PANELS = {
+    "reward_mean": "reward trained on",
+    "meals_mean": "meals per episode",
+    "both_forks_mean": "rounds ready to eat per episode",
+    "deadlock_rate": "deadlock rate",
+    "trainable_share": "groups trainable",
+}
+
+
+def arm_figure(arm: str, histories: dict[str, pl.DataFrame]) -> tuple[Figure, pl.DataFrame]:
+    """An arm's seeds over training, overlaid: what each seed's rollouts did, step by step.
+
+    The first panel stacks the six-way choices of the rollouts, averaged over seeds; each other
+    panel draws every seed's curve thin and their mean thick (``ARM_PANELS``).
+
+    Args:
+        arm: The arm's name.
+        histories: Its runs' ``history.parquet`` tables, by run (each run one seed).
+
+    Returns:
+        The figure and the data it draws: one row per run and step, with ``run``.
+    """
+    data = pl.concat(
+        [_seed_rows(run, history) for run, history in histories.items()],
+        how="diagonal_relaxed",
+    )
+    data = data.with_columns(pl.col("^actions_.*$").fill_null(0.0))
+    actions = [c for c in data.columns if c.startswith("actions_")]
+    mean = data.group_by("step").agg(pl.col(*actions, *ARM_PANELS).mean()).sort("step")
+    figure = Figure(figsize=(11.0, 5.2), layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(2, 3)
+    _actions_panel(figure.add_subplot(grid[0, 0]), mean.select("step", *actions))
+    cells = [grid[row, column] for row in range(2) for column in range(3)][1:]
+    for cell, (column, label) in zip(cells, ARM_PANELS.items(), strict=True):
+        panel = figure.add_subplot(cell)
+        for index, (run, rows) in enumerate(data.partition_by("run", as_dict=True).items()):
+            panel.plot(
+                rows["step"],
+                rows[column],
+                color=COLOURS[1 + index % (len(COLOURS) - 1)],
+                marker=MARKERS[1 + index % (len(MARKERS) - 1)],
+                linewidth=0.8,
+                markersize=3,
+                label=run[0],
+            )
+        panel.plot(mean["step"], mean[column], color=COLOURS[0], linewidth=2.2, label="mean")
+        panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+        panel.set_xlabel("checkpoint")
+        panel.set_ylabel(label)
+    figure.axes[1].legend(loc="best", fontsize=6)
+    runs = ", ".join(histories)
+    figure.suptitle(
+        f"{arm}: {len(histories)} seeds ({runs}), each thin, their mean thick", fontsize=9
+    )
+    return figure, data.sort("run", "step")
+
+
+def _seed_rows(run: str, history: pl.DataFrame) -> pl.DataFrame:
+    """What one seed's rollouts did at each checkpoint that played them, with its reward."""
+    played = policy_by_checkpoint(history).join(
+        history.select("step", "reward_mean"), on="step", how="inner"
+    )
+    actions = [column for column in played.columns if column.startswith("actions_")]
+    return played.select(pl.lit(run).alias("run"), "step", *actions, *ARM_PANELS)
+
+
+def write_arm_figure(
+    arm: str, histories: dict[str, str | Path], png: str | Path, pdf: str | Path, csv: str | Path
+) -> None:
+    """Draw an arm's figure from its runs' histories; write it with its data."""
+    with styled():
+        figure = arm_figure(arm, {run: pl.read_parquet(path) for run, path in histories.items()})
+        save_figure(*figure, png, pdf, csv)

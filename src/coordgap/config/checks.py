@@ -17,7 +17,7 @@ from coordgap.config.play import (
     cell_episodes,
     template_fields,
 )
-from coordgap.config.training import selected_checkpoints
+from coordgap.config.training import arms, selected_checkpoints
 from coordgap.models.prepare import parse_source
 
 
@@ -61,6 +61,30 @@ def check_cross_keys(config: dict[str, Any]) -> None:
             )
     _check_scenarios(config)
     _check_timeline(config)
+    _check_arms(config)
+
+
+def _check_arms(config: dict[str, Any]) -> None:
+    """The seeds of an arm train one base model; seed comparisons name an arm's selection."""
+    grouped = arms(config)
+    policies = config["evaluation"]["policies"]
+    selections = {f"{arm}@{policy}" for arm in grouped for policy in policies}
+    for i, (a, b) in enumerate(config["analysis"]["seed_comparisons"]):
+        key = f"config key 'analysis.seed_comparisons[{i}]"
+        if a not in selections:
+            raise ConfigError(f"{key}[0]': '{a}' is not an arm's selection <arm>@<policy>")
+        if b not in selections | set(config["models"]):
+            raise ConfigError(f"{key}[1]': '{b}' is neither an arm's selection nor a model")
+        if a == b:
+            raise ConfigError(f"{key}': an arm against itself")
+    for arm, runs in grouped.items():
+        entries = config["training"]["runs"]
+        bases = {entries[run]["base_model"] for run in runs}
+        if len(bases) > 1:
+            raise ConfigError(
+                f"config key 'training.runs.{runs[-1]}.arm': the runs of arm '{arm}' train "
+                f"different base models ({', '.join(sorted(bases))})"
+            )
 
 
 def _check_timeline(config: dict[str, Any]) -> None:

@@ -10,9 +10,10 @@ the first may name a base; ``--config key=value`` overrides apply last, as plain
 
 Snakemake's own merge of config files cannot delete a key or replace a mapping whole, hence
 this one, used by the Snakefile and by ``coordgap plan`` alike. ``base`` and ``replace`` are
-consumed here, and a model entry's omitted keys get their schema defaults
-(:func:`with_model_defaults`); the resolved config is then checked by the schema as a whole,
-so an unknown key in an overlay is named there.
+consumed here, a model entry's omitted keys get their schema defaults
+(:func:`with_model_defaults`), and a run's ``seeds`` become one run per seed
+(``coordgap.config.training.with_seed_runs``); the resolved config is then checked by the
+schema as a whole, so an unknown key in an overlay is named there.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from coordgap.config.keys import SCHEMA, ConfigError
+from coordgap.config.training import with_seed_runs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -105,7 +107,8 @@ def resolve(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = N
         except ConfigError as error:
             raise ConfigError(f"{layer.path}: {error}") from None
     config = merge(config, overrides or {})
-    return Resolved(with_model_defaults(config), tuple(layer.path for layer in layers))
+    complete = with_seed_runs(with_model_defaults(config))
+    return Resolved(complete, tuple(layer.path for layer in layers))
 
 
 def with_model_defaults(config: Mapping[str, Any]) -> dict[str, Any]:

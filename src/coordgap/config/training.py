@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
+from coordgap.config.keys import ConfigError
 from coordgap.env.variants import RewardVariant, RewardWeights
 
 
@@ -136,6 +137,74 @@ class TrainingRunConfig:
             seed=int(entry["seed"]),
             art_internal_config=dict(entry["art_internal_config"] or {}),
         )
+
+
+SEEDS = "seeds"
+
+
+def seed_run(arm: str, seed: int) -> str:
+    """The name of one seed's run of an arm: ``<arm>-s<seed>``."""
+    return f"{arm}-s{seed}"
+
+
+def with_seed_runs(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with each run that lists ``seeds`` replaced by one run per seed.
+
+    A run is an arm of a study; ``seeds: [1, 2, 3]`` in place of ``seed`` trains it once per
+    seed, as the runs ``<arm>-s1``, ``<arm>-s2``, ``<arm>-s3``, each with its ``seed`` and with
+    ``arm: <arm>``, in place of the entry (README.md: Seeds). A run with ``seed`` is an arm of
+    one seed under its own name. Everything downstream sees plain runs; the statistics pool a
+    run's seeds by ``arm`` (:func:`arms`).
+
+    Args:
+        config: A merged config; entries that are not mappings are left for the schema.
+
+    Returns:
+        A copy, runs in config order with each arm's seeds in the listed order.
+
+    Raises:
+        ConfigError: ``seeds`` that is not a list of distinct non-negative integers, or beside
+            ``seed``, naming the key.
+    """
+    training = config.get("training")
+    runs = training.get("runs") if isinstance(training, dict) else None
+    if not isinstance(runs, dict) or not any(
+        isinstance(entry, dict) and SEEDS in entry for entry in runs.values()
+    ):
+        return config
+    expanded: dict[str, Any] = {}
+    for name, entry in runs.items():
+        if not (isinstance(entry, dict) and SEEDS in entry):
+            expanded[name] = entry
+            continue
+        key = f"training.runs.{name}.{SEEDS}"
+        seeds = entry[SEEDS]
+        if "seed" in entry:
+            raise ConfigError(f"config key '{key}': give seed or seeds, not both")
+        integers = isinstance(seeds, list) and all(type(s) is int and s >= 0 for s in seeds)
+        if not (integers and seeds and len(set(seeds)) == len(seeds)):
+            raise ConfigError(f"config key '{key}': a list of distinct non-negative integers")
+        recipe = {k: v for k, v in entry.items() if k != SEEDS}
+        for seed in seeds:
+            if (run := seed_run(name, seed)) in runs:
+                raise ConfigError(f"config key '{key}': its run '{run}' is a run's name already")
+            expanded[run] = {**recipe, "seed": seed, "arm": name}
+    return {**config, "training": {**training, "runs": expanded}}
+
+
+def arms(config: dict[str, Any]) -> dict[str, list[str]]:
+    """The study's arms: each arm's runs (its seeds), arms and runs in config order.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Arm -> its runs; a run without ``arm`` is an arm of its own.
+    """
+    grouped: dict[str, list[str]] = {}
+    for run, entry in config["training"]["runs"].items():
+        grouped.setdefault(entry.get("arm", run), []).append(run)
+    return grouped
 
 
 def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:

@@ -9,6 +9,19 @@ of ``no_call`` decisions of an episode:
   no action and no deadlock scores exactly ``w_nd`` = 1.0: the degenerate maximum.
 * ``shaped`` (intervention 1): the no-deadlock bonus counts only if ``M >= 1``, and ``no_call``
   counts as idle: ``r_idle' = (T + C) / (A + C)``, 0 when ``A + C = 0``.
+* ``progress`` (intervention 1 for a model that never eats): ``shaped``, with partial credit
+  for getting ready to eat, and fairness judged against what the meals allow. With B the rounds
+  that ended with a philosopher holding both its forks (summed over philosophers; a meal needs
+  one), the no-deadlock bonus counts if ``M + B >= 1``, throughput credits each such round as
+  half a meal, ``r_thru' = min(1, (M + B / 2) / (floor(N/2) R))``, and unfairness counts only
+  beyond the most even split of M meals: with ``v`` the meals' variance, ``v_max`` its maximum
+  (every meal to one philosopher) and ``v_min = r (N - r) / N^2`` for ``r = M mod N`` (the
+  most even split), ``r_fair' = (v - v_min) / (v_max - v_min)``, 0 when ``v_max = v_min`` (as
+  for ``M <= 1``). Under ``paper`` and ``shaped`` an episode's first meal costs more in
+  fairness (``w_fair``, 0.3: one philosopher ate every meal) than it adds in throughput (0.05 at
+  N = 5), and a policy that never eats earns only the idle penalty under ``shaped``, so if it
+  never thinks either GRPO has nothing to compare; ``progress`` ranks such episodes by how
+  close they came to a meal, and a meal pays more than readiness alone.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ class RewardVariant(StrEnum):
 
     PAPER = "paper"
     SHAPED = "shaped"
+    PROGRESS = "progress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +85,30 @@ def _shaped_components() -> dict[str, pl.Expr]:
     }
 
 
+def _progress_components() -> dict[str, pl.Expr]:
+    """``shaped``, with readiness to eat as progress and fairness against the most even split."""
+    n, meals = pl.col("n"), pl.col("meals_total")
+    spread = meals % n
+    most_even = spread * (n - spread) / n**2
+    all_to_one = meals**2 * (n - 1) / n**2
+    unfair = pl.col("r_fair") * all_to_one - most_even
+    return _shaped_components() | {
+        "nd": pl.when(meals + pl.col("both_forks") >= 1).then(pl.col("r_nd")).otherwise(0.0),
+        "thru": pl.min_horizontal(
+            (meals + pl.col("both_forks") / 2) / ((n // 2) * pl.col("rounds")), pl.lit(1.0)
+        ),
+        "fair": pl.when(all_to_one > most_even)
+        .then((unfair / (all_to_one - most_even)).clip(0.0, 1.0))
+        .otherwise(0.0),
+    }
+
+
 # Every variant's components, one entry each: the schema's reward variants are tested against
 # these keys, and a variant without an entry raises rather than falling through to another.
 VARIANT_COMPONENTS = {
     RewardVariant.PAPER: _paper_components,
     RewardVariant.SHAPED: _shaped_components,
+    RewardVariant.PROGRESS: _progress_components,
 }
 
 
@@ -83,7 +116,8 @@ def component_exprs(variant: RewardVariant) -> dict[str, pl.Expr]:
     """Polars expressions for a variant's four components, each in [0, 1], before weighting.
 
     The table needs the columns ``r_nd``, ``r_thru``, ``r_fair``, ``r_idle``, ``meals_total``,
-    ``actions``, ``think`` and ``no_call`` (the episode contract of ``coordgap.data``).
+    ``actions``, ``think``, ``no_call``, and for ``progress`` ``n``, ``rounds`` and
+    ``both_forks`` (the episode contract of ``coordgap.data``).
 
     Args:
         variant: Which reward's components.

@@ -29,6 +29,8 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     # Every variant under the run's weights, so a shaped run's curve shows its paper reward.
     **{f"reward_{v}_{stat}": pl.Float64() for v in RewardVariant for stat in ("mean", "std")},
     "meals_mean": pl.Float64(),
+    # Rounds per episode that ended with a philosopher holding both forks: chances to eat.
+    "both_forks_mean": pl.Float64(),
     "deadlock_rate": pl.Float64(),
     "groups": pl.Int64(),
     "groups_trainable": pl.Int64(),
@@ -68,7 +70,7 @@ def rollout_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[str,
         run: The training run.
 
     Returns:
-        The reward, meal and deadlock columns of a history row.
+        The reward, meal, readiness and deadlock columns of a history row.
     """
     ok = episodes.filter(pl.col("status") == "ok")
     row: dict[str, Any] = {"episodes": ok.height, "errors": episodes.height - ok.height}
@@ -83,5 +85,9 @@ def rollout_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[str,
     for variant in RewardVariant:
         rewards = ok.select(reward_expr(variant, run.weights))["reward"]
         row |= {f"reward_{variant}_mean": rewards.mean(), f"reward_{variant}_std": rewards.std(0)}
-    row |= {"meals_mean": ok["meals_total"].mean(), "deadlock_rate": ok["deadlock"].mean()}
+    row |= {
+        "meals_mean": ok["meals_total"].mean(),
+        "both_forks_mean": ok["both_forks"].mean(),
+        "deadlock_rate": ok["deadlock"].mean(),
+    }
     return row
