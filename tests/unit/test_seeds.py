@@ -17,10 +17,10 @@ from coordgap.analysis.seeds import (
     seed_comparisons,
     seed_table,
     sides,
-    sign_flip_p,
     write_seed_tables,
 )
 from coordgap.analysis.stats import read_table
+from coordgap.analysis.two_sample import sign_flip_p
 from tests.unit.analysis_tables import CONFIG, episode, frame
 
 pytestmark = pytest.mark.unit

@@ -28,7 +28,6 @@ variant (``p_holm``, of the t test's p): the list is the study's primary family.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from scipy import stats as scipy_stats
 
 from coordgap.analysis.comparisons import holm, mean_test
 from coordgap.analysis.stats import OK, load_episodes, with_rewards, write_csv
-from coordgap.analysis.two_sample import permutation_p
+from coordgap.analysis.two_sample import permutation_p, sign_flip_p
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -200,24 +199,6 @@ def _samples(rewarded: pl.DataFrame, variant: str) -> dict[tuple[str, int], np.n
     }
 
 
-def sign_flip_p(differences: np.ndarray) -> float:
-    """Exact two-sided sign-flip test that the differences are centred on 0.
-
-    Under the null each difference is as likely negative as positive; the p-value is the share
-    of the 2^S sign patterns whose |mean| is at least the observed |mean|.
-
-    Args:
-        differences: At least one difference.
-
-    Returns:
-        The p-value.
-    """
-    observed = abs(differences.mean())
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=differences.size)))
-    flipped = np.abs((signs * differences).mean(axis=1))
-    return float(np.mean(flipped >= observed * (1 - 1e-9)))
-
-
 def _arm_vs_arm(x: np.ndarray, y: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
     """Welch's t over two arms' seed means, and the exact permutation test of their seeds."""
     diff = float(x.mean() - y.mean())
@@ -228,15 +209,13 @@ def _arm_vs_arm(x: np.ndarray, y: np.ndarray, config: AnalysisConfig) -> dict[st
     if min(x.size, y.size) < 2 or (np.ptp(x) == 0 and np.ptp(y) == 0):
         return row | {"note": "no t test: an arm with one seed, or no spread between seeds"}
     welch = scipy_stats.ttest_ind(x, y, equal_var=False)
-    se = math.sqrt(x.var(ddof=1) / x.size + y.var(ddof=1) / y.size)
-    dof = float(welch.df)
-    half = scipy_stats.t.ppf((1 + config.confidence) / 2, dof) * se
+    low, high = welch.confidence_interval(config.confidence)
     return row | {
         "t": float(welch.statistic),
-        "dof": dof,
+        "dof": float(welch.df),
         "p": float(welch.pvalue),
-        "diff_ci_low": diff - half,
-        "diff_ci_high": diff + half,
+        "diff_ci_low": float(low),
+        "diff_ci_high": float(high),
     }
 
 

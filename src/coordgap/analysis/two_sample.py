@@ -9,6 +9,9 @@ and says what it assumes:
   constant sample's mean as known and its p-value is far too small. Exact (every split of the
   pooled episodes) when there are at most ``PERMUTATION_RESAMPLES`` splits, else that many
   seeded random splits with the +1 correction that keeps the p-value valid.
+* :func:`sign_flip_p`: the exact sign-flip test that paired differences (a few training seeds'
+  differences from a fixed model) are centred on 0; it assumes only that each difference is as
+  likely negative as positive under the null.
 * :func:`brunner_munzel`: the probability of superiority P(A > B) + P(A = B) / 2 and the
   Brunner-Munzel test that it is 1/2. Unlike the Mann-Whitney U test it does not assume equal
   shapes, so it tests what it reports. Its p-value is the studentized permutation test of
@@ -110,6 +113,24 @@ def permutation_p(
         The p-value: the share of splits whose |difference| is at least the observed one.
     """
     return _permutation_p(x, y, _mean_difference, resamples, seed)
+
+
+def sign_flip_p(differences: np.ndarray) -> float:
+    """Exact two-sided sign-flip test that the differences are centred on 0.
+
+    Under the null each difference is as likely negative as positive; the p-value is the share
+    of the 2^S sign patterns whose |mean| is at least the observed |mean|.
+
+    Args:
+        differences: At least one difference.
+
+    Returns:
+        The p-value.
+    """
+    observed = abs(differences.mean())
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=differences.size)))
+    flipped = np.abs((signs * differences).mean(axis=1))
+    return float(np.mean(flipped >= observed - _TIE_TOLERANCE * (1 + observed)))
 
 
 def brunner_munzel_statistic(rows: np.ndarray, first: int) -> np.ndarray:
