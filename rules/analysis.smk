@@ -99,6 +99,7 @@ rule compare_seeds:
         code=code_of("compare_seeds"),
         reward=lookup(dpath="reward", within=config),
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed", "seed_comparisons"),
+        power=lookup(dpath="analysis/power", within=config),
         arms=ARMS,
         policies=POLICIES,
     log:

@@ -366,6 +366,7 @@ def seeds_section(
                 _p_value(row["p_holm"]),
                 f"{_p_value(row['permutation_p'])} (min {_number(row['min_p'])})",
                 f"{_p_value(row['pooled_p'])} ({row['pooled_test'] or _MISSING})",
+                _number(row["pooled_detectable_diff"]),
                 row["note"] or "",
             ]
             for row in pairs.iter_rows(named=True)
@@ -376,7 +377,8 @@ def seeds_section(
             "reward. Against an arm: Welch's t over seed means; against a model: the "
             "one-sample t over each seed's difference from the model's mean, held fixed. The "
             "exact permutation test beside it assumes only exchangeable seeds, and cannot go "
-            "below its minimum with so few.\n\n"
+            "below its minimum with so few. Detectable: the smallest difference a two-sample "
+            "t-test of the pooled episodes detects (`analysis.power`), in reward units.\n\n"
             + _table(
                 [
                     "Reward",
@@ -389,6 +391,7 @@ def seeds_section(
                     "Holm p",
                     "Permutation p",
                     "Pooled episodes p",
+                    "Detectable",
                     "Note",
                 ],
                 rows,

@@ -22,8 +22,11 @@ Per pair of ``analysis.seed_comparisons`` (:func:`seed_comparisons`), an arm's s
 The t tests assume normal seed means; the permutation tests assume only exchangeable seeds but
 cannot go below ``min_p`` (3 seeds against 3: 0.1; 3 seeds against a model: 0.25), which the
 note states. Beside them, ``pooled_*``: the same pair compared on the pooled episodes as
-``analysis.comparisons`` compares models. Holm's correction runs over the pairs at each N and
-variant (``p_holm``, of the t test's p): the list is the study's primary family.
+``analysis.comparisons`` compares models, with the smallest effect a two-sample t-test of
+those sizes detects (``analysis.power``'s alpha and power): as Hedges' g, and in reward units
+as that g times the two samples' pooled SD, the bound a null result puts on the difference.
+Holm's correction runs over the pairs at each N and variant (``p_holm``, of the t test's p):
+the list is the study's primary family.
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ from scipy import stats as scipy_stats
 
 from coordgap.analysis.comparisons import holm, mean_test
 from coordgap.analysis.stats import OK, load_episodes, with_rewards, write_csv
-from coordgap.analysis.two_sample import permutation_p, sign_flip_p
+from coordgap.analysis.two_sample import detectable_effect, permutation_p, sign_flip_p
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from coordgap.config.analysis import AnalysisConfig
+    from coordgap.config.analysis import AnalysisConfig, PowerConfig
 
 SEED_SCHEMA: dict[str, pl.DataType] = {
     "arm": pl.String(),
@@ -83,6 +86,8 @@ SEED_COMPARISON_SCHEMA: dict[str, pl.DataType] = {
     "pooled_diff": pl.Float64(),
     "pooled_test": pl.String(),
     "pooled_p": pl.Float64(),
+    "pooled_detectable_g": pl.Float64(),
+    "pooled_detectable_diff": pl.Float64(),
     "note": pl.String(),
 }
 
@@ -243,6 +248,7 @@ def seed_comparisons(
     pairs: Sequence[tuple[str, str]],
     arm_sides: Mapping[str, Side],
     config: AnalysisConfig,
+    power: PowerConfig,
 ) -> pl.DataFrame:
     """Compare each pair seed by seed (and on the pooled episodes) at every N both played.
 
@@ -252,6 +258,7 @@ def seed_comparisons(
             b another or a model.
         arm_sides: Every arm's selections (:func:`sides`).
         config: Rewards, interval settings and the seed of the permutation tests.
+        power: The alpha and power of the pooled episodes' detectable effect.
 
     Returns:
         One row per variant, N and pair with the columns of ``SEED_COMPARISON_SCHEMA``;
@@ -270,7 +277,7 @@ def seed_comparisons(
                 if x.size and y.size:
                     key = {"variant": str(variant), "n": n, "a": a, "b": b}
                     group.append(key | _seed_row(x, y, side_b.is_arm, config))
-                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config)
+                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config, power)
             for row, adjusted in zip(group, holm([r["p"] for r in group]), strict=True):
                 row["p_holm"] = adjusted
             rows.extend(group)
@@ -305,16 +312,24 @@ def _pooled_row(
     side_b: Side,
     n: int,
     config: AnalysisConfig,
+    power: PowerConfig,
 ) -> dict[str, Any]:
     """The pair compared on its pooled episodes, as ``analysis.comparisons`` compares models."""
     x, y = (_pooled(samples, s.models, n) for s in (side_a, side_b))
     if min(x.size, y.size) < 2:
         return {"pooled_diff": float(x.mean() - y.mean())}
     pooled = mean_test(x, y, (side_a.name, side_b.name), config.seed)
+    detectable = detectable_effect(x.size, y.size, power.alpha, power.power)
+    # The SD Hedges' g divides by: the two samples' variances pooled by degrees of freedom.
+    pooled_sd = math.sqrt(
+        ((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1)) / (x.size + y.size - 2)
+    )
     return {
         "pooled_diff": float(x.mean() - y.mean()),
         "pooled_test": pooled.test,
         "pooled_p": pooled.p,
+        "pooled_detectable_g": detectable,
+        "pooled_detectable_diff": detectable * pooled_sd,
     }
 
 
@@ -324,6 +339,7 @@ def write_seed_tables(
     policies: Sequence[str],
     pairs: Sequence[tuple[str, str]],
     config: AnalysisConfig,
+    power: PowerConfig,
     out_seeds: str | Path,
     out_comparisons: str | Path,
 ) -> None:
@@ -335,10 +351,11 @@ def write_seed_tables(
         policies: The selection policies.
         pairs: ``analysis.seed_comparisons``.
         config: Rewards, interval settings and the seed of the permutation tests.
+        power: The alpha and power of the pooled episodes' detectable effect.
         out_seeds: The per-seed table.
         out_comparisons: The seed-level comparisons.
     """
     episodes = load_episodes(episode_paths)
     write_csv(seed_table(episodes, arms, policies, config), out_seeds)
-    comparisons = seed_comparisons(episodes, pairs, sides(arms, policies), config)
+    comparisons = seed_comparisons(episodes, pairs, sides(arms, policies), config, power)
     write_csv(comparisons, out_comparisons)
