@@ -11,6 +11,7 @@ import pytest
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, power_table
 from coordgap.analysis.findings import findings_section
 from coordgap.analysis.monitors import monitor
+from coordgap.analysis.seeds import SEED_COMPARISON_SCHEMA
 from coordgap.analysis.stats import summarize
 from coordgap.env.variants import RewardVariant
 from tests.unit.analysis_tables import CONFIG, MONITORS, POWER, table
@@ -44,7 +45,17 @@ def tables() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     return summary, monitor(episodes, MONITORS), power_table(summary, 30, POWER)
 
 
-def findings(tables, comparisons: list[dict[str, Any]], selections: list[dict[str, Any]]) -> str:
+def seed_pair(a: str, b: str, diff: float, p_holm: float, variant: str = "paper") -> dict:
+    row: dict[str, Any] = dict.fromkeys(SEED_COMPARISON_SCHEMA)
+    return row | {"variant": variant, "n": 5, "a": a, "b": b, "diff": diff, "p_holm": p_holm}
+
+
+def findings(
+    tables,
+    comparisons: list[dict[str, Any]],
+    selections: list[dict[str, Any]],
+    seed_pairs: list[dict[str, Any]] | None = None,
+) -> str:
     summary, monitors, power = tables
     return findings_section(
         summary,
@@ -55,6 +66,9 @@ def findings(tables, comparisons: list[dict[str, Any]], selections: list[dict[st
         variant=RewardVariant.PAPER,
         alpha=0.05,
         degenerate_reward=0.8,
+        seed_comparisons=(
+            None if seed_pairs is None else pl.DataFrame(seed_pairs, schema=SEED_COMPARISON_SCHEMA)
+        ),
     )
 
 
@@ -100,3 +114,27 @@ def test_training_says_whether_any_difference_survives_holm(tables):
     assert "Differences that survive Holm's correction at alpha 0.05: " in training
     assert training.endswith(f"`{RUN}@last` N=5: +0.500 (Holm p 0.01)")
     assert "N=10" not in training
+
+
+def test_seeds_state_the_primary_familys_verdict_and_what_it_rules_out(tables):
+    pairs = [
+        seed_pair("progress@last", "paper@last", -0.08, 0.9) | {"pooled_detectable_diff": 0.31},
+        seed_pair("paper@last", "base", 0.12, 0.6) | {"pooled_detectable_diff": 0.44},
+        seed_pair("paper@last", "base", 0.9, 0.001, variant="shaped"),
+    ]
+    seeds = bullet(findings(tables, [], [], pairs), "Seeds")
+    assert "(seeds as the unit, `paper` reward, 2 pairs)" in seeds
+    assert "No pair survives Holm's correction at alpha 0.05" in seeds
+    assert "The largest difference is paper@last vs base at N=5: +0.120" in seeds
+    assert "detects differences of 0.31 to 0.44 or more" in seeds
+
+    pairs[0] |= {"diff": -0.5, "p_holm": 0.01}
+    seeds = bullet(findings(tables, [], [], pairs), "Seeds")
+    assert seeds.endswith(
+        "Pairs that survive Holm's correction at alpha 0.05: progress@last vs paper@last N=5: "
+        "-0.500 (Holm p 0.01). The largest difference is progress@last vs paper@last at N=5: "
+        "-0.500; a two-sample t-test of the pooled episodes (at `analysis.power`'s alpha and "
+        "power) detects differences of 0.31 to 0.44 or more, so smaller effects could go unseen."
+    )
+    # Without seed comparisons (one seed per run) there is no such finding.
+    assert "**Seeds.**" not in findings(tables, [], [])

@@ -13,7 +13,11 @@ written by hand, so a run that finds nothing says so. The findings, in order:
 * **training**: each selected checkpoint against its base model under the headline reward,
   and whether any difference survives Holm's correction at the configured alpha;
 * **checkpoints**: the step each selection policy chose, naming step 0 as the untrained
-  adapter (a LoRA whose B matrices are zero: the base model itself).
+  adapter (a LoRA whose B matrices are zero: the base model itself);
+* **seeds**: where the study compares arms seed by seed (``analysis.seed_comparisons``, its
+  primary family), which pairs survive Holm's correction under the headline reward, the
+  largest difference, and the smallest one the pooled episodes could detect: what a null
+  result rules out.
 """
 
 from __future__ import annotations
@@ -186,6 +190,36 @@ def _checkpoints(selections: Sequence[dict[str, Any]]) -> str:
     return "**Checkpoints chosen.** " + "; ".join(parts) + "."
 
 
+def _seeds(seed_comparisons: pl.DataFrame, variant: RewardVariant, alpha: float) -> str | None:
+    rows = seed_comparisons.filter(pl.col("variant") == str(variant), pl.col("diff").is_not_nan())
+    if rows.is_empty():
+        return None
+    survivors = [
+        f"{row['a']} vs {row['b']} N={row['n']}: {row['diff']:+.3f} (Holm p {row['p_holm']:.2g})"
+        for row in rows.iter_rows(named=True)
+        if row["p_holm"] is not None and row["p_holm"] < alpha
+    ]
+    largest = rows.sort(pl.col("diff").abs(), descending=True).row(0, named=True)
+    verdict = (
+        f"Pairs that survive Holm's correction at alpha {alpha:g}: " + "; ".join(survivors)
+        if survivors
+        else f"No pair survives Holm's correction at alpha {alpha:g}"
+    )
+    detectable = rows["pooled_detectable_diff"].drop_nans().drop_nulls()
+    bound = (
+        "; a two-sample t-test of the pooled episodes (at `analysis.power`'s alpha and power) "
+        f"detects differences of {_range(detectable.to_list(), lambda v: f'{v:.2f}')} or more, "
+        "so smaller effects could go unseen"
+        if not detectable.is_empty()
+        else ""
+    )
+    return (
+        f"**Seeds.** The study's primary family (seeds as the unit, `{variant}` reward, "
+        f"{rows.height} pairs). {verdict}. The largest difference is {largest['a']} vs "
+        f"{largest['b']} at N={largest['n']}: {largest['diff']:+.3f}{bound}."
+    )
+
+
 def _by_n(rows: pl.DataFrame, sizes: Sequence[int], column: str) -> str:
     values = dict(zip(rows["n"], rows[column], strict=True))
     return " / ".join(
@@ -230,6 +264,7 @@ def findings_section(
     variant: RewardVariant,
     alpha: float,
     degenerate_reward: float,
+    seed_comparisons: pl.DataFrame | None = None,
 ) -> str:
     """The report's Findings: a few generated sentences and a per-model table.
 
@@ -242,6 +277,7 @@ def findings_section(
         variant: The headline reward variant (the first configured).
         alpha: The comparisons' significance level.
         degenerate_reward: The ``degenerate`` monitor's reward threshold.
+        seed_comparisons: The seed-level comparisons, where the study trains several seeds.
 
     Returns:
         Markdown, starting with its heading.
@@ -257,6 +293,8 @@ def findings_section(
             _training(comparisons, variant, alpha, _chosen_steps(selections)),
             _checkpoints(selections),
         ]
+    if seed_comparisons is not None:
+        findings += filter(None, [_seeds(seed_comparisons, variant, alpha)])
     return (
         "## Findings\n\nGenerated from the tables below; the method and setup are at the end.\n\n"
         + "\n".join(f"- {finding}" for finding in findings)

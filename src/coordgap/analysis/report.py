@@ -641,13 +641,18 @@ def write_report(
     monitors = read_table(inputs.monitors, MONITOR_SCHEMA)
     paper = yaml.safe_load(Path(inputs.paper_reference).read_text(encoding="utf-8"))
     selections = [read_selection(path) for path in inputs.selections]
+    seed_comparisons = (
+        read_table(inputs.seed_comparisons, SEED_COMPARISON_SCHEMA)
+        if inputs.seeds and inputs.seed_comparisons
+        else None
+    )
     seeds = (
         seeds_section(
             read_table(inputs.seeds, SEED_SCHEMA),
-            read_table(inputs.seed_comparisons, SEED_COMPARISON_SCHEMA),
+            seed_comparisons,
             [_link(Path(png), out_md) for png in inputs.arm_figures],
         )
-        if inputs.seeds and inputs.seed_comparisons
+        if seed_comparisons is not None
         else None
     )
     findings = findings_section(
@@ -659,6 +664,7 @@ def write_report(
         variant=analysis.variants[0],
         alpha=comparing.power.alpha,
         degenerate_reward=monitor_config.degenerate_reward,
+        seed_comparisons=seed_comparisons,
     )
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
