@@ -99,7 +99,9 @@ rule compare_seeds:
         code=code_of("compare_seeds"),
         reward=lookup(dpath="reward", within=config),
         analysis=analysis_settings("confidence", "bootstrap_resamples", "seed", "seed_comparisons"),
-        power=lookup(dpath="analysis/power", within=config),
+        # The detectable effect's alpha and power: not effect_size, which it does not read.
+        alpha=lookup(dpath="analysis/power/alpha", within=config),
+        power=lookup(dpath="analysis/power/power", within=config),
         arms=ARMS,
         policies=POLICIES,
     log:

@@ -22,7 +22,7 @@ from coordgap.analysis.seeds import (
 )
 from coordgap.analysis.stats import read_table
 from coordgap.analysis.two_sample import sign_flip_p
-from tests.unit.analysis_tables import CONFIG, POWER, episode, frame
+from tests.unit.analysis_tables import CONFIG, episode, frame
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,8 @@ DEADLOCKS = {"paper": (4, 2, 3), "shaped": (1, 0, 2)}
 BASE_DEADLOCKS = 5
 ARMS = {arm: [f"{arm}-s{seed}" for seed in (1, 2, 3)] for arm in DEADLOCKS}
 POLICIES = ("last",)
+# The pooled episodes' detectable effect: analysis.power's alpha and power.
+DETECT = {"alpha": 0.05, "power": 0.8}
 
 
 def _cell(model: str, deadlocks: int, n: int = 5) -> list[dict]:
@@ -65,7 +67,7 @@ def test_each_arm_shows_its_seeds_their_mean_and_the_t_interval_over_seeds(episo
 
 def test_arms_compare_seed_by_seed_with_welch_and_every_split_of_the_seeds(episodes) -> None:
     compared = seed_comparisons(
-        episodes, [("shaped@last", "paper@last")], sides(ARMS, POLICIES), CONFIG, POWER
+        episodes, [("shaped@last", "paper@last")], sides(ARMS, POLICIES), CONFIG, **DETECT
     )
     row = compared.filter(pl.col("variant") == "paper").row(0, named=True)
     x, y = _seed_means("shaped"), _seed_means("paper")
@@ -95,7 +97,7 @@ def test_arms_compare_seed_by_seed_with_welch_and_every_split_of_the_seeds(episo
     assert (row["pooled_test"], row["pooled_p"]) == (pooled_test.test, pooled_test.p)
     # The smallest effect 18 vs 18 episodes detect, as statsmodels solves it, and in reward
     # units over the SD Hedges' g pools (equal sizes: the root of the mean variance).
-    g = TTestIndPower().solve_power(nobs1=18, ratio=1.0, alpha=POWER.alpha, power=POWER.power)
+    g = TTestIndPower().solve_power(nobs1=18, ratio=1.0, **DETECT)
     assert row["pooled_detectable_g"] == pytest.approx(g, rel=1e-4)
     pooled_sd = np.sqrt((x_episodes.var(ddof=1) + y_episodes.var(ddof=1)) / 2)
     assert row["pooled_detectable_diff"] == pytest.approx(g * pooled_sd, rel=1e-4)
@@ -109,7 +111,7 @@ def test_an_arm_against_a_model_tests_each_seeds_difference_from_its_fixed_mean(
         [("shaped@last", "base"), ("paper@last", "base")],
         sides(ARMS, POLICIES),
         CONFIG,
-        POWER,
+        **DETECT,
     ).filter(pl.col("variant") == "paper")
     rows = compared.to_dicts()
     for row, arm in zip(rows, ("shaped", "paper"), strict=True):
@@ -136,7 +138,7 @@ def test_sign_flips_enumerate_every_pattern() -> None:
 def test_one_seed_gets_no_t_test_and_says_why(episodes) -> None:
     single = {"paper": ["paper-s1"]}
     row = seed_comparisons(
-        episodes, [("paper@last", "base")], sides(single, POLICIES), CONFIG, POWER
+        episodes, [("paper@last", "base")], sides(single, POLICIES), CONFIG, **DETECT
     ).row(0, named=True)
     assert np.isnan(row["p"])
     assert np.isnan(row["p_holm"])
@@ -156,7 +158,7 @@ def test_the_written_tables_keep_their_schemas(episodes, tmp_path) -> None:
         paths.append(path)
     out_seeds, out_pairs = tmp_path / "seeds.csv", tmp_path / "pairs.csv"
     pairs = [("shaped@last", "paper@last")]
-    write_seed_tables(paths, ARMS, POLICIES, pairs, CONFIG, POWER, out_seeds, out_pairs)
+    write_seed_tables(paths, ARMS, POLICIES, pairs, CONFIG, out_seeds, out_pairs, **DETECT)
     assert read_table(out_seeds, SEED_SCHEMA).height == 2 * len(CONFIG.variants)
     assert read_table(out_pairs, SEED_COMPARISON_SCHEMA).height == len(CONFIG.variants)
 
@@ -164,7 +166,7 @@ def test_the_written_tables_keep_their_schemas(episodes, tmp_path) -> None:
 def test_the_report_shows_seeds_only_where_an_arm_has_several(episodes) -> None:
     pairs = [("shaped@last", "paper@last"), ("shaped@last", "base")]
     seeds = seed_table(episodes, ARMS, POLICIES, CONFIG)
-    compared = seed_comparisons(episodes, pairs, sides(ARMS, POLICIES), CONFIG, POWER)
+    compared = seed_comparisons(episodes, pairs, sides(ARMS, POLICIES), CONFIG, **DETECT)
     section = seeds_section(seeds, compared)
     assert section.startswith("## Seeds")
     assert "| `shaped@last` | `paper` | 5 | 3 | 0.833, 1.000, 0.667 |" in section

@@ -1,7 +1,7 @@
 """Adapter of rule compare_seeds: every arm seed by seed, and the seed-level comparisons."""
 
 from coordgap.analysis.seeds import write_seed_tables
-from coordgap.config.analysis import AnalysisConfig, PowerConfig
+from coordgap.config.analysis import AnalysisConfig
 from coordgap.logs import job_log
 
 with job_log(snakemake.log[0], "compare_seeds") as log:
@@ -13,7 +13,8 @@ with job_log(snakemake.log[0], "compare_seeds") as log:
         policies=snakemake.params.policies,
         pairs=[tuple(pair) for pair in snakemake.params.analysis["seed_comparisons"]],
         config=AnalysisConfig.from_dict(snakemake.params.reward, snakemake.params.analysis),
-        power=PowerConfig.from_dict(snakemake.params.power),
         out_seeds=snakemake.output.seeds,
         out_comparisons=snakemake.output.comparisons,
+        alpha=snakemake.params.alpha,
+        power=snakemake.params.power,
     )

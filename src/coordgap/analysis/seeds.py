@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from coordgap.config.analysis import AnalysisConfig, PowerConfig
+    from coordgap.config.analysis import AnalysisConfig
 
 SEED_SCHEMA: dict[str, pl.DataType] = {
     "arm": pl.String(),
@@ -248,7 +248,9 @@ def seed_comparisons(
     pairs: Sequence[tuple[str, str]],
     arm_sides: Mapping[str, Side],
     config: AnalysisConfig,
-    power: PowerConfig,
+    *,
+    alpha: float,
+    power: float,
 ) -> pl.DataFrame:
     """Compare each pair seed by seed (and on the pooled episodes) at every N both played.
 
@@ -258,7 +260,8 @@ def seed_comparisons(
             b another or a model.
         arm_sides: Every arm's selections (:func:`sides`).
         config: Rewards, interval settings and the seed of the permutation tests.
-        power: The alpha and power of the pooled episodes' detectable effect.
+        alpha: The significance level of the pooled episodes' detectable effect.
+        power: The power of the pooled episodes' detectable effect.
 
     Returns:
         One row per variant, N and pair with the columns of ``SEED_COMPARISON_SCHEMA``;
@@ -277,7 +280,7 @@ def seed_comparisons(
                 if x.size and y.size:
                     key = {"variant": str(variant), "n": n, "a": a, "b": b}
                     group.append(key | _seed_row(x, y, side_b.is_arm, config))
-                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config, power)
+                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config, (alpha, power))
             for row, adjusted in zip(group, holm([r["p"] for r in group]), strict=True):
                 row["p_holm"] = adjusted
             rows.extend(group)
@@ -312,14 +315,14 @@ def _pooled_row(
     side_b: Side,
     n: int,
     config: AnalysisConfig,
-    power: PowerConfig,
+    alpha_power: tuple[float, float],
 ) -> dict[str, Any]:
     """The pair compared on its pooled episodes, as ``analysis.comparisons`` compares models."""
     x, y = (_pooled(samples, s.models, n) for s in (side_a, side_b))
     if min(x.size, y.size) < 2:
         return {"pooled_diff": float(x.mean() - y.mean())}
     pooled = mean_test(x, y, (side_a.name, side_b.name), config.seed)
-    detectable = detectable_effect(x.size, y.size, power.alpha, power.power)
+    detectable = detectable_effect(x.size, y.size, *alpha_power)
     # The SD Hedges' g divides by: the two samples' variances pooled by degrees of freedom.
     pooled_sd = math.sqrt(
         ((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1)) / (x.size + y.size - 2)
@@ -339,9 +342,11 @@ def write_seed_tables(
     policies: Sequence[str],
     pairs: Sequence[tuple[str, str]],
     config: AnalysisConfig,
-    power: PowerConfig,
     out_seeds: str | Path,
     out_comparisons: str | Path,
+    *,
+    alpha: float,
+    power: float,
 ) -> None:
     """Tabulate every arm seed by seed and compare the configured pairs; write both tables.
 
@@ -351,11 +356,14 @@ def write_seed_tables(
         policies: The selection policies.
         pairs: ``analysis.seed_comparisons``.
         config: Rewards, interval settings and the seed of the permutation tests.
-        power: The alpha and power of the pooled episodes' detectable effect.
         out_seeds: The per-seed table.
         out_comparisons: The seed-level comparisons.
+        alpha: The significance level of the pooled episodes' detectable effect.
+        power: The power of the pooled episodes' detectable effect.
     """
     episodes = load_episodes(episode_paths)
     write_csv(seed_table(episodes, arms, policies, config), out_seeds)
-    comparisons = seed_comparisons(episodes, pairs, sides(arms, policies), config, power)
+    comparisons = seed_comparisons(
+        episodes, pairs, sides(arms, policies), config, alpha=alpha, power=power
+    )
     write_csv(comparisons, out_comparisons)
