@@ -41,7 +41,12 @@ from scipy import stats as scipy_stats
 
 from coordgap.analysis.comparisons import holm, mean_test
 from coordgap.analysis.stats import OK, load_episodes, with_rewards, write_csv
-from coordgap.analysis.two_sample import detectable_effect, permutation_p, sign_flip_p
+from coordgap.analysis.two_sample import (
+    detectable_effect,
+    permutation_p,
+    pooled_sd,
+    sign_flip_p,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -280,7 +285,7 @@ def seed_comparisons(
                 if x.size and y.size:
                     key = {"variant": str(variant), "n": n, "a": a, "b": b}
                     group.append(key | _seed_row(x, y, side_b.is_arm, config))
-                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config, (alpha, power))
+                    group[-1] |= _pooled_row(samples, side_a, side_b, n, config, alpha, power)
             for row, adjusted in zip(group, holm([r["p"] for r in group]), strict=True):
                 row["p_holm"] = adjusted
             rows.extend(group)
@@ -315,24 +320,21 @@ def _pooled_row(
     side_b: Side,
     n: int,
     config: AnalysisConfig,
-    alpha_power: tuple[float, float],
+    alpha: float,
+    power: float,
 ) -> dict[str, Any]:
     """The pair compared on its pooled episodes, as ``analysis.comparisons`` compares models."""
     x, y = (_pooled(samples, s.models, n) for s in (side_a, side_b))
     if min(x.size, y.size) < 2:
         return {"pooled_diff": float(x.mean() - y.mean())}
     pooled = mean_test(x, y, (side_a.name, side_b.name), config.seed)
-    detectable = detectable_effect(x.size, y.size, *alpha_power)
-    # The SD Hedges' g divides by: the two samples' variances pooled by degrees of freedom.
-    pooled_sd = math.sqrt(
-        ((x.size - 1) * x.var(ddof=1) + (y.size - 1) * y.var(ddof=1)) / (x.size + y.size - 2)
-    )
+    detectable = detectable_effect(x.size, y.size, alpha, power)
     return {
         "pooled_diff": float(x.mean() - y.mean()),
         "pooled_test": pooled.test,
         "pooled_p": pooled.p,
         "pooled_detectable_g": detectable,
-        "pooled_detectable_diff": detectable * pooled_sd,
+        "pooled_detectable_diff": detectable * pooled_sd(x, y),
     }
 
 

@@ -188,6 +188,20 @@ def _z(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
+def pooled_sd(x: np.ndarray, y: np.ndarray) -> float:
+    """The SD Hedges' g divides by: the two samples' variances pooled by degrees of freedom.
+
+    Args:
+        x: Sample A (at least two values).
+        y: Sample B (at least two values).
+
+    Returns:
+        The pooled SD.
+    """
+    n_a, n_b = x.size, y.size
+    return math.sqrt(((n_a - 1) * x.var(ddof=1) + (n_b - 1) * y.var(ddof=1)) / (n_a + n_b - 2))
+
+
 def hedges_g(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, float, float]:
     """Hedges' g (pooled SD, bias-corrected) with its normal-approximation interval.
 
@@ -200,7 +214,7 @@ def hedges_g(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, fl
         g and the interval's bounds; NaN when both samples have zero variance.
     """
     n_a, n_b = x.size, y.size
-    pooled = math.sqrt(((n_a - 1) * x.var(ddof=1) + (n_b - 1) * y.var(ddof=1)) / (n_a + n_b - 2))
+    pooled = pooled_sd(x, y)
     if pooled == 0:
         return math.nan, math.nan, math.nan
     d = (x.mean() - y.mean()) / pooled
