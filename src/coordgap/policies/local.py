@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 from coordgap.env.protocols import TOOL_DESCRIPTIONS
 from coordgap.policies.base import Decision, Transcript
@@ -86,10 +94,68 @@ def compute_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-# PyTorch's fused attention. It takes the packed rows' arbitrary 4D
+def shared_kv_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The ``sdpa`` attention of transformers, with key/value heads shared inside the kernel.
+
+    With a mask, transformers 5.25 copies every key/value head once per query head it serves
+    (``repeat_kv``) before PyTorch's fused attention, except on devices where the kernel's own
+    grouped-query path is fast with a mask; on a CPU it is, and the packed rows always pass a
+    mask. Sharing the heads in the kernel (``enable_gqa``) gives bit-identical log-probs and
+    saves about 3 % of a decision on a 2-core CPU (benchmarks/README.md, "Where the time
+    goes"). Every other call (no mask, another device, no grouped heads) is transformers' own.
+
+    Args:
+        module: The attention layer.
+        query: ``[B, heads, Q, D]``.
+        key: ``[B, key/value heads, K, D]``.
+        value: ``[B, key/value heads, K, D]``.
+        attention_mask: ``[B, 1, Q, K]`` (additive or boolean), or None.
+        dropout: Attention dropout probability.
+        scaling: The scores' scale (None for 1/sqrt(D)).
+        **kwargs: Passed on to transformers' ``sdpa`` where it runs.
+
+    Returns:
+        The attention output ``[B, Q, heads, D]`` and no weights.
+    """
+    if (
+        attention_mask is None
+        or query.device.type != "cpu"
+        or getattr(module, "num_key_value_groups", 1) == 1
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    output = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+# PyTorch's fused attention (``shared_kv_sdpa``). It takes the packed rows' arbitrary 4D
 # masks, and on a CPU it decides about 1.4x faster than eager attention, which materialises
 # every score and its float32 softmax (benchmarks/README.md, "Numerics").
-ATTENTION = "sdpa"
+ATTENTION = "coordgap_sdpa"
+AttentionInterface.register(ATTENTION, shared_kv_sdpa)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+# The most candidate columns the float32 output layer scores in one product (about 100 MB of
+# logits at SmolLM2's vocabulary); see ``LocalChatModel._score_candidates``.
+_HEAD_ROWS = 512
 
 # Shared prefixes whose keys and values are kept (about 8 MB each for SmolLM2-135M's 350-token
 # system turn in bf16). A job has one per table configuration (size, protocol, rounds); more
@@ -223,6 +289,10 @@ def candidate_log_probs(
 ) -> list[torch.Tensor]:
     """Every candidate call's token log-probs, from the next-token log-probs of its row.
 
+    All of them are read with one indexing operation: its backward pass then writes one
+    vocabulary-sized gradient, where reading each candidate apart wrote one per read (13 for
+    six tools, about a tenth of a GRPO row's time on a 2-core CPU).
+
     Args:
         log_probs: ``[columns, vocabulary]`` log-probs at ``candidate_columns``.
         candidates: The row's candidates.
@@ -232,16 +302,18 @@ def candidate_log_probs(
         ``log_probs`` is).
     """
     n = shared_length(candidates)
-    common = _pick(log_probs[:n], candidates[0][:n])
+    # Column of each token: the shared ones and every candidate's first own token are
+    # predicted by the stem's columns, the rest by the candidate's block.
+    columns: list[int] = []
     offset = n + 1
-    scored = []
     for candidate in candidates:
         own = len(candidate) - n - 1
-        first = log_probs[n, candidate[n]].reshape(1)
-        rest = _pick(log_probs[offset : offset + own], candidate[n + 1 :])
-        scored.append(torch.cat([common, first, rest]))
+        columns += [*range(n + 1), *range(offset, offset + own)]
         offset += own
-    return scored
+    tokens = [token for candidate in candidates for token in candidate]
+    device = log_probs.device
+    picked = log_probs[torch.tensor(columns, device=device), torch.tensor(tokens, device=device)]
+    return list(picked.split([len(candidate) for candidate in candidates]))
 
 
 class Layout(NamedTuple):
@@ -663,6 +735,44 @@ class LocalChatModel:
         """Next-token log-probs from final hidden states, the output layer in float32."""
         return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
 
+    def _score_candidates(
+        self, hidden: torch.Tensor, rows: list[PackedRow], options: list[list[list[int]]]
+    ) -> list[list[torch.Tensor]]:
+        """Every request's candidates' token log-probs (``candidate_log_probs``), on the CPU.
+
+        The output layer runs over the columns of several requests at once, up to
+        ``_HEAD_ROWS``: a 2-core CPU multiplies the 49,152-row vocabulary matrix faster per
+        FLOP with a few hundred rows than with one request's ~100 (benchmarks/README.md,
+        "Where the time goes"), and the float32 vocabulary-sized tensor stays under 100 MB.
+
+        Args:
+            hidden: The forward pass's final hidden states ``[B, W, H]``.
+            rows: The requests' rows (``candidate_row``).
+            options: Each request's candidates.
+
+        Returns:
+            Per request, one tensor per candidate.
+        """
+        columns = [
+            candidate_columns(row, candidates)
+            for row, candidates in zip(rows, options, strict=True)
+        ]
+        scored: list[list[torch.Tensor]] = []
+        start = 0
+        while start < len(rows):
+            stop, width = start + 1, len(columns[start])
+            while stop < len(rows) and width + len(columns[stop]) <= _HEAD_ROWS:
+                width += len(columns[stop])
+                stop += 1
+            log_probs = self._log_probs(
+                torch.cat([hidden[b, columns[b]] for b in range(start, stop)])
+            )
+            parts = log_probs.split([len(columns[b]) for b in range(start, stop)])
+            for b, part in zip(range(start, stop), parts, strict=True):
+                scored.append([lps.cpu() for lps in candidate_log_probs(part, options[b])])
+            start = stop
+        return scored
+
     def _continuation(self, tool: Tool) -> list[int]:
         """The token ids of the assistant's turn that calls ``tool``, end-of-turn included."""
         if tool not in self._continuations:
@@ -685,11 +795,9 @@ class LocalChatModel:
             for prompt, candidates in zip(prompts, options, strict=True)
         ]
         hidden, _, _ = self._forward(prefix, rows)
+        scored = self._score_candidates(hidden, rows, options)
         decisions = []
-        for b, (request, row, candidates) in enumerate(zip(batch, rows, options, strict=True)):
-            # One request at a time keeps the float32 vocabulary-sized tensor small.
-            log_probs = self._log_probs(hidden[b, candidate_columns(row, candidates)])
-            token_lps = [lps.cpu() for lps in candidate_log_probs(log_probs, candidates)]
+        for b, (request, token_lps) in enumerate(zip(batch, scored, strict=True)):
             # Summed, not length-normalised: the sum is the log-probability the model gives
             # the whole call, so softmax(sum / T) at T = 1 is the model's own distribution
             # over the allowed calls. Normalising by length would favour long tool names,
@@ -700,7 +808,7 @@ class LocalChatModel:
                 self._decision(
                     request,
                     len(prompts[b]),
-                    candidates[k],
+                    options[b][k],
                     token_lps[k].tolist(),
                     tool=request.tools[k],
                     candidates=options[b],
@@ -803,12 +911,6 @@ class LocalChatModel:
                 choice_logprob=choice_logprob,
             ),
         )
-
-
-def _pick(log_probs: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
-    """The log-prob of each token, ``log_probs[i, tokens[i]]``."""
-    index = torch.tensor(tokens, dtype=torch.long, device=log_probs.device)
-    return log_probs.gather(-1, index[:, None])[:, 0]
 
 
 def _generator(seed: int) -> torch.Generator:
