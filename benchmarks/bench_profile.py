@@ -121,13 +121,12 @@ def kind_of(event: FunctionEvent, vocabulary: int) -> str:
     return "elementwise"
 
 
-def split(run: Callable[[], Any], vocabulary: int, matrix_flops: float) -> dict[str, Any]:
+def split(run: Callable[[], Any], vocabulary: int) -> dict[str, Any]:
     """Run ``run`` once without the profiler and once under it; split the profiled time by kind.
 
     Args:
         run: The work.
         vocabulary: The vocabulary's size (tells the output layer's operators).
-        matrix_flops: What the decoder's linear layers compute in ``run``, for their rate.
     """
     start = time.perf_counter()
     run()
@@ -148,8 +147,13 @@ def split(run: Callable[[], Any], vocabulary: int, matrix_flops: float) -> dict[
         "seconds_profiled": profiled,
         "seconds_by_kind": {kind: seconds[kind] for kind in KINDS},
         "share_by_kind": {kind: seconds[kind] / profiled for kind in KINDS},
-        "matrix_product_flops_per_s": matrix_flops / seconds["matrix products"],
     }
+
+
+def with_matrix_rate(result: dict[str, Any], matrix_flops: float) -> dict[str, Any]:
+    """``split``'s result with the rate of the linear layers, which did ``matrix_flops``."""
+    rate = matrix_flops / result["seconds_by_kind"]["matrix products"]
+    return {**result, "matrix_product_flops_per_s": rate}
 
 
 class _InlineExecutor(ThreadPoolExecutor):
@@ -181,7 +185,7 @@ def decisions(dtype: str) -> dict[str, Any]:
     (prefix,) = model._prefixes
     flops = 2 * linear_parameters(model.model) * tokens_run(model, decided, len(prefix))
     vocabulary = model.model.get_output_embeddings().weight.shape[0]
-    return split(lambda: asyncio.run(round_inline()), vocabulary, flops)
+    return with_matrix_rate(split(lambda: asyncio.run(round_inline()), vocabulary), flops)
 
 
 def update(dtype: str, rows: int) -> dict[str, Any]:
@@ -200,20 +204,18 @@ def update(dtype: str, rows: int) -> dict[str, Any]:
     rows_and_choices = list(zip(inputs[1:], packed.choices[1 : rows + 1], strict=True))
     vocabulary = trainer.model.get_output_embeddings().weight.shape[0]
 
-    def steps() -> None:
-        for row, choice in rows_and_choices:
-            trainer._step(row, choice)
+    ran: list[int] = []
 
-    # Each row's forward pass runs the prompt and its six candidates (``candidate_row``).
-    with torch.no_grad():
-        tokens = sum(trainer.log_probs(row, choice)[1] for row, choice in rows_and_choices)
+    def steps() -> None:
+        ran.clear()
+        for row, choice in rows_and_choices:
+            ran.append(trainer._step(row, choice)[3])
+
+    result = split(steps, vocabulary)
     # A forward pass and the gradient with respect to the activations, as bench_train.py
     # counts (the base weights are frozen; LoRA's products are left out).
-    flops = 4 * linear_parameters(trainer.model) * tokens
-    result = split(steps, vocabulary, flops)
-    result["rows"] = rows
-    result["tokens_per_row"] = tokens / rows
-    return result
+    result = with_matrix_rate(result, 4 * linear_parameters(trainer.model) * sum(ran))
+    return {**result, "rows": rows, "tokens_per_row": sum(ran) / rows}
 
 
 def main() -> None:

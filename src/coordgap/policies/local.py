@@ -56,7 +56,7 @@ from coordgap.policies.base import Decision, Transcript
 from coordgap.policies.parsing import parse_text_tool_calls
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Mapping, Sequence
+    from collections.abc import Hashable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from peft import PeftModel
@@ -758,19 +758,11 @@ class LocalChatModel:
             for row, candidates in zip(rows, options, strict=True)
         ]
         scored: list[list[torch.Tensor]] = []
-        start = 0
-        while start < len(rows):
-            stop, width = start + 1, len(columns[start])
-            while stop < len(rows) and width + len(columns[stop]) <= _HEAD_ROWS:
-                width += len(columns[stop])
-                stop += 1
-            log_probs = self._log_probs(
-                torch.cat([hidden[b, columns[b]] for b in range(start, stop)])
-            )
-            parts = log_probs.split([len(columns[b]) for b in range(start, stop)])
-            for b, part in zip(range(start, stop), parts, strict=True):
+        for together in _consecutive_runs([len(c) for c in columns], _HEAD_ROWS):
+            log_probs = self._log_probs(torch.cat([hidden[b, columns[b]] for b in together]))
+            parts = log_probs.split([len(columns[b]) for b in together])
+            for b, part in zip(together, parts, strict=True):
                 scored.append([lps.cpu() for lps in candidate_log_probs(part, options[b])])
-            start = stop
         return scored
 
     def _continuation(self, tool: Tool) -> list[int]:
@@ -911,6 +903,26 @@ class LocalChatModel:
                 choice_logprob=choice_logprob,
             ),
         )
+
+
+def _consecutive_runs(widths: Sequence[int], limit: int) -> Iterator[range]:
+    """Split indices into consecutive runs whose widths add up to at most ``limit``.
+
+    Args:
+        widths: Each index's width.
+        limit: The largest total of a run; an index wider than it makes a run of its own.
+
+    Yields:
+        The runs, in order, together covering every index once.
+    """
+    start, total = 0, 0
+    for index, width in enumerate(widths):
+        if index > start and total + width > limit:
+            yield range(start, index)
+            start, total = index, 0
+        total += width
+    if widths:
+        yield range(start, len(widths))
 
 
 def _generator(seed: int) -> torch.Generator:
