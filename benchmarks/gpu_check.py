@@ -412,8 +412,9 @@ def main() -> None:
             print(f"gpu_check: timing the {part}", flush=True)
             try:
                 results[part] = measure()
-            except RuntimeError as error:
-                # CUDA's out-of-memory error is one too: record it and time the other part.
+            except Exception as error:
+                # Out of memory, a kernel missing, a library refusing (transformers' hub
+                # kernels once raised a ValueError here): record it and time the other part.
                 # The traceback too, as a GPU run may be the only one for a long time.
                 traceback.print_exc()
                 errors[part] = results[part] = {"error": f"{type(error).__name__}: {error}"}

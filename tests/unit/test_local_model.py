@@ -13,6 +13,7 @@ measured on every oneDNN kernel path (benchmarks/README.md, "Numerics").
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import stat
@@ -368,6 +369,13 @@ def test_constrained_always_yields_an_allowed_tool(sampled: LocalChatModel) -> N
         assert decision.latency_s > 0
     # Temperature 1 samples: 24 decisions do not all pick the same tool.
     assert len({decision.tool for decision in decisions}) > 1
+
+
+def test_no_hub_kernels_replace_the_models_layers(sampled: LocalChatModel) -> None:
+    # transformers swaps layers for hub kernels by default wherever the `kernels` package is
+    # installed, as it is here (ART brings it): on a GPU, unpinned code or, offline, an error.
+    assert importlib.util.find_spec("kernels") is not None
+    assert not sampled.model.use_kernels
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])

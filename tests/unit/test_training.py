@@ -130,6 +130,11 @@ def trainer(smollm2_dir: Path) -> TorchGRPOTrainer:
     return TorchGRPOTrainer(smollm2_dir, tiny_run(), BASE)
 
 
+def test_the_trainer_loads_no_hub_kernels(trainer: TorchGRPOTrainer) -> None:
+    # As the sampler (test_local_model): the `kernels` package is installed with ART.
+    assert not trainer.model.get_base_model().use_kernels
+
+
 def play_step(trainer: TorchGRPOTrainer, folder: Path) -> dict[str, pl.DataFrame]:
     """Step 0's rollout tables under the trainer's current policy, journalled in ``folder``."""
     run = tiny_run()

@@ -153,6 +153,33 @@ ATTENTION = "coordgap_sdpa"
 AttentionInterface.register(ATTENTION, shared_kv_sdpa)
 AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
+
+def resolve_device(device: str) -> str:
+    """``device``, with ``auto`` resolved to CUDA when it is available, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_weights(path: Path, dtype: str, device: str) -> PreTrainedModel:
+    """A causal LM from ``path`` on ``device``, as the sampler and the trainer both compute it.
+
+    Args:
+        path: The prepared model folder.
+        dtype: A key of :data:`DTYPES` (see :func:`compute_dtype`).
+        device: A resolved torch device name (:func:`resolve_device`).
+    """
+    return AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=compute_dtype(dtype, device),
+        attn_implementation=ATTENTION,
+        # Where the `kernels` package is installed (ART brings it), transformers swaps layers
+        # for kernels fetched from the hub by default; on a GPU that is unpinned code changing
+        # the numerics, and on a node without internet access a ValueError (seen on an H200).
+        use_kernels=False,
+    ).to(device)
+
+
 # The most candidate columns the float32 output layer scores in one product (about 100 MB of
 # logits at SmolLM2's vocabulary); see ``LocalChatModel._score_candidates``.
 _HEAD_ROWS = 512
@@ -442,12 +469,9 @@ class LocalChatModel:
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=compute_dtype(dtype, device), attn_implementation=ATTENTION
-        ).to(device)
+        model = load_weights(path, dtype, device)
         if adapter is not None:
             from peft import PeftModel
 

@@ -53,19 +53,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from coordgap import preemption
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.local import (
-    ATTENTION,
     LocalChatModel,
     additive_mask,
     candidate_columns,
     candidate_log_probs,
     candidate_row,
-    compute_dtype,
+    load_weights,
     packed_layout,
+    resolve_device,
 )
 from coordgap.training._art import art
 from coordgap.training.trajectories import DecisionChoice
@@ -173,8 +173,7 @@ class TorchGRPOTrainer:
         optimizer_state: Path | None = None,
         device: str = "auto",
     ) -> None:
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         self.run = run
         self._base = base
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
@@ -183,9 +182,7 @@ class TorchGRPOTrainer:
         # eager attention rounds its probabilities to bf16 and expresses a small update even
         # less than SDPA does; the update uses it only for its faster backward: log_probs.)
         # The dtype the sampler computes in, so that the policy trained is the policy that acts.
-        model = AutoModelForCausalLM.from_pretrained(
-            weights, dtype=compute_dtype(base["dtype"], device), attn_implementation=ATTENTION
-        ).to(device)
+        model = load_weights(weights, base["dtype"], device)
         if adapter is None:
             lora = LoraConfig(
                 r=run.lora.rank,
