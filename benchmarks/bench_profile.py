@@ -20,8 +20,11 @@ operator that tells (so a kernel inside fused attention counts as attention):
 * ``framework``: the wall time no ATen operator accounts for (Python, dispatch, the
   profiler's own cost).
 
-The profiler adds a cost per operator, so the shares are of the profiled run; the unprofiled
-time of the same work is printed beside it.
+The profiler adds a cost per operator, so the shares are of the profiled run. Beside them: the
+unprofiled time of the same work (the median of three runs) and, from it, the linear layers'
+work (counted as ``bench_local.py`` and ``bench_train.py`` count) as a share of the
+matrix-product peak in the dtype the model computes in, timed in the same run: the issue's
+"share of the bf16 peak".
 
 Usage: ``python benchmarks/bench_profile.py [--dtype float32] [--rows 4]``. Writes
 ``benchmarks/results/profile_<dtype>.json``. Takes about 3 minutes on 2 cores.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +49,7 @@ from common import (
     SOURCE,
     all_trainable,
     linear_parameters,
+    matmul_peak,
     table_prompts,
     write_results,
 )
@@ -121,16 +126,20 @@ def kind_of(event: FunctionEvent, vocabulary: int) -> str:
     return "elementwise"
 
 
-def split(run: Callable[[], Any], vocabulary: int) -> dict[str, Any]:
-    """Run ``run`` once without the profiler and once under it; split the profiled time by kind.
+def split(run: Callable[[], Any], vocabulary: int, plain_runs: int = 3) -> dict[str, Any]:
+    """Time ``run`` without the profiler, then run it once under it; split that time by kind.
 
     Args:
         run: The work.
         vocabulary: The vocabulary's size (tells the output layer's operators).
+        plain_runs: Unprofiled runs; their median is the work's time.
     """
-    start = time.perf_counter()
-    run()
-    plain = time.perf_counter() - start
+    plain_seconds = []
+    for _ in range(plain_runs):
+        start = time.perf_counter()
+        run()
+        plain_seconds.append(time.perf_counter() - start)
+    plain = statistics.median(plain_seconds)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         start = time.perf_counter()
         run()
@@ -151,9 +160,9 @@ def split(run: Callable[[], Any], vocabulary: int) -> dict[str, Any]:
 
 
 def with_matrix_rate(result: dict[str, Any], matrix_flops: float) -> dict[str, Any]:
-    """``split``'s result with the rate of the linear layers, which did ``matrix_flops``."""
+    """``split``'s result with the linear layers' work, ``matrix_flops``, and their rate."""
     rate = matrix_flops / result["seconds_by_kind"]["matrix products"]
-    return {**result, "matrix_product_flops_per_s": rate}
+    return {**result, "matrix_flops": matrix_flops, "matrix_product_flops_per_s": rate}
 
 
 class _InlineExecutor(ThreadPoolExecutor):
@@ -224,18 +233,33 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4, help="update rows to profile")
     args = parser.parse_args()
     prepare_model(SOURCE, MODEL_DIR)
-    computes = str(compute_dtype(args.dtype, "cpu")).removeprefix("torch.")
+    computes = compute_dtype(args.dtype, "cpu")
     results = {"decisions": decisions(args.dtype), "update": update(args.dtype, args.rows)}
-    print(f"dtype {args.dtype} (computes in {computes}), threads {torch.get_num_threads()}\n")
-    print("| path | unprofiled s | profiled s | " + " | ".join(KINDS) + " | matrix GFLOP/s |")
-    print("|---" * (4 + len(KINDS)) + "|")
+    peak = matmul_peak(computes)
+    for result in results.values():
+        result["share_of_peak"] = result["matrix_flops"] / result["seconds_plain"] / peak
+    computes_in = str(computes).removeprefix("torch.")
+    print(
+        f"dtype {args.dtype} (computes in {computes_in}), threads {torch.get_num_threads()}, "
+        f"{computes_in} matrix-product peak {peak / 1e9:.0f} GFLOP/s\n"
+    )
+    print(
+        "| path | unprofiled s | share of peak | profiled s | "
+        + " | ".join(KINDS)
+        + " | matrix GFLOP/s |"
+    )
+    print("|---" * (5 + len(KINDS)) + "|")
     for path, result in results.items():
         shares = " | ".join(f"{result['share_by_kind'][kind]:.0%}" for kind in KINDS)
         print(
-            f"| {path} | {result['seconds_plain']:.2f} | {result['seconds_profiled']:.2f} | "
-            f"{shares} | {result['matrix_product_flops_per_s'] / 1e9:.0f} |"
+            f"| {path} | {result['seconds_plain']:.2f} | {result['share_of_peak']:.0%} | "
+            f"{result['seconds_profiled']:.2f} | {shares} | "
+            f"{result['matrix_product_flops_per_s'] / 1e9:.0f} |"
         )
-    write_results(f"profile_{args.dtype}", {"computes_in": computes, **results})
+    write_results(
+        f"profile_{args.dtype}",
+        {"computes_in": computes_in, "peak_flops_per_s": peak, **results},
+    )
 
 
 if __name__ == "__main__":
