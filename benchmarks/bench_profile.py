@@ -27,7 +27,8 @@ matrix-product peak in the dtype the model computes in, timed in the same run: t
 "share of the bf16 peak".
 
 Usage: ``python benchmarks/bench_profile.py [--dtype float32] [--rows 4]``. Writes
-``benchmarks/results/profile_<dtype>.json``. Takes about 3 minutes on 2 cores.
+``benchmarks/results/profile_<dtype>.json``. Takes about 4 minutes on 2 AVX2 cores, 2 on 2 AMX
+cores.
 """
 
 from __future__ import annotations
