@@ -23,8 +23,8 @@ operator that tells (so a kernel inside fused attention counts as attention):
 The profiler adds a cost per operator, so the shares are of the profiled run. Beside them: the
 unprofiled time of the same work (the median of three runs) and, from it, the linear layers'
 work (counted as ``bench_local.py`` and ``bench_train.py`` count) as a share of the
-matrix-product peak in the dtype the model computes in, timed in the same run: the issue's
-"share of the bf16 peak".
+matrix-product peak in the dtype the model computes in, timed in the same run (the "share of
+the peak" the targets in ``benchmarks/README.md`` are stated in).
 
 Usage: ``python benchmarks/bench_profile.py [--dtype float32] [--rows 4]``. Writes
 ``benchmarks/results/profile_<dtype>.json``. Takes about 4 minutes on 2 AVX2 cores, 2 on 2 AMX

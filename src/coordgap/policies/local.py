@@ -168,6 +168,9 @@ def load_weights(path: Path, dtype: str, device: str) -> PreTrainedModel:
         path: The prepared model folder.
         dtype: A key of :data:`DTYPES` (see :func:`compute_dtype`).
         device: A resolved torch device name (:func:`resolve_device`).
+
+    Returns:
+        The model, in the dtype it computes in, with the project's attention.
     """
     return AutoModelForCausalLM.from_pretrained(
         path,
