@@ -64,6 +64,8 @@ from coordgap.training.trajectories import trajectory_groups
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from art.preprocessing.inputs import TrainInputs
+    from openai.types.chat.chat_completion import Choice
     from torch.autograd.profiler_util import FunctionEvent
 
     from coordgap.policies.base import Decision
@@ -198,9 +200,20 @@ def decisions(dtype: str) -> dict[str, Any]:
     return with_matrix_rate(split(lambda: asyncio.run(round_inline()), vocabulary), flops)
 
 
-def update(dtype: str, rows: int) -> dict[str, Any]:
-    """``rows`` optimizer steps of a real step's rows, after one unprofiled warm-up row."""
-    run = bench_run(groups_per_step=1, episodes_per_group=3)
+def update_rows(
+    dtype: str, rows: int, **changes: Any
+) -> tuple[TorchGRPOTrainer, list[tuple[TrainInputs, Choice]]]:
+    """A fresh trainer and the first ``rows`` rows of a real step, every trajectory trainable.
+
+    Args:
+        dtype: The base model's dtype.
+        rows: The rows to return.
+        **changes: Settings of the benchmark's run to change (``bench_run``).
+
+    Returns:
+        The trainer, in training mode, and each row's inputs with its choice.
+    """
+    run = bench_run(groups_per_step=1, episodes_per_group=3, **changes)
     base = {**BASE, "dtype": dtype}
     trainer = TorchGRPOTrainer(MODEL_DIR, run, base)
     tables = step_rollouts(trainer, run)
@@ -208,10 +221,15 @@ def update(dtype: str, rows: int) -> dict[str, Any]:
     all_trainable(groups)
     random.seed(0)
     packed = trainer.rows(groups)
-    inputs = [trainer.row(packed.packed, index) for index in range(rows + 1)]
+    inputs = [trainer.row(packed.packed, index) for index in range(rows)]
     trainer.model.train()
-    trainer._step(inputs[0], packed.choices[0])
-    rows_and_choices = list(zip(inputs[1:], packed.choices[1 : rows + 1], strict=True))
+    return trainer, list(zip(inputs, packed.choices[:rows], strict=True))
+
+
+def update(dtype: str, rows: int) -> dict[str, Any]:
+    """``rows`` optimizer steps of a real step's rows, after one unprofiled warm-up row."""
+    trainer, (first, *rows_and_choices) = update_rows(dtype, rows + 1)
+    trainer._step(*first)
     vocabulary = trainer.model.get_output_embeddings().weight.shape[0]
 
     ran: list[int] = []

@@ -55,6 +55,11 @@ PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
             False,
             "'training.runs.qwen3-8b-grpo.warmup': trainer art cannot use False",
         ),
+        (
+            "training/runs/qwen3-8b-grpo/compile_update",
+            True,
+            "'training.runs.qwen3-8b-grpo.compile_update': trainer art updates with ART's own",
+        ),
         ("plan/prices/qwen3-8b", {"input": 1, "output": 1}, "'plan.prices.qwen3-8b'"),
         ("plan/prices/nobody", {"input": 1, "output": 1}, "'plan.prices.nobody'"),
     ],

@@ -13,14 +13,19 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 import yaml
+from torch._dynamo.eval_frame import OptimizedModule
+from torch._dynamo.utils import counters
 
 from coordgap.agents.runner import CellErrors
 from coordgap.config.play import EnvironmentConfig
@@ -501,6 +506,85 @@ def test_a_restored_optimizer_gives_the_same_next_update(
     theirs = {k: v for k, v in resumed.model.state_dict().items() if "lora" in k}
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def compiled_layers(trainer: TorchGRPOTrainer) -> int:
+    """How many of the trainer's decoder layers are compiled wrappers right now."""
+    return sum(isinstance(layer, OptimizedModule) for layer in trainer._decoder.layers)
+
+
+@pytest.mark.numerics
+def test_a_compiled_update_is_the_eager_update_up_to_rounding(
+    smollm2_dir: Path, rollouts: dict[str, pl.DataFrame]
+) -> None:
+    # float32, where the trainer's rounding bound is tight (DECISION_BOUNDS).
+    base = {**BASE, "dtype": "float32"}
+    log_probs, updates, seen = {}, {}, {}
+    for compiled in (False, True):
+        run = tiny_run(compile_update=compiled)
+        trainer = TorchGRPOTrainer(smollm2_dir, run, base)
+        groups = trainable_groups(rollouts, run)
+        random.seed(0)
+        rows = trainer.rows(groups)
+        graphs = counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            log_probs[compiled] = torch.cat(
+                [
+                    trainer.log_probs(trainer.row(rows.packed, index), choice)[0]
+                    for index, choice in enumerate(rows.choices)
+                ]
+            )
+        random.seed(0)
+        updates[compiled] = trainer.update(groups)
+        seen[compiled] = (counters["stats"]["unique_graphs"] - graphs, compiled_layers(trainer))
+    # Compiled, the update compiled a few graphs, one per kind of call (with gradients or
+    # not; the first layer, whose input needs none, or a later one) rather than one per layer,
+    # which dynamo stops at 8 and then runs eagerly; neither left a compiled layer behind.
+    assert seen[False] == (0, 0)
+    assert 0 < seen[True][0] <= 4
+    assert seen[True][1] == 0
+    gap = (log_probs[True] - log_probs[False]).abs()
+    assert gap.max() <= DECISION_BOUNDS["float32"][0]
+    assert updates[True].loss == pytest.approx(updates[False].loss, rel=1e-3)
+    assert updates[True].grad_norm == pytest.approx(updates[False].grad_norm, rel=1e-3)
+
+
+# Run twice on one inductor cache folder: the second run loads what the first compiled.
+_COMPILED_UPDATE = """
+import hashlib, json, random, sys
+import polars as pl
+from coordgap.training.grpo import TorchGRPOTrainer
+from tests.unit.test_training import BASE, tiny_run, trainable_groups
+folder = sys.argv[1]
+names = ("episodes", "transcripts")
+rollouts = {name: pl.read_parquet(f"{folder}/{name}.parquet") for name in names}
+run = tiny_run(compile_update=True)
+trainer = TorchGRPOTrainer(sys.argv[2], run, BASE)
+random.seed(0)
+stats = trainer.update(trainable_groups(rollouts, run))
+digest = hashlib.sha256()
+for parameter in trainer._parameters:
+    digest.update(parameter.detach().numpy().tobytes())
+print(json.dumps({"loss": stats.loss, "grad_norm": stats.grad_norm, "adapter": digest.hexdigest()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_compiled_update_does_not_depend_on_whether_the_cache_was_warm(
+    smollm2_dir: Path, rollouts: dict[str, pl.DataFrame], tmp_path: Path
+) -> None:
+    for name in ("episodes", "transcripts"):
+        rollouts[name].write_parquet(tmp_path / f"{name}.parquet")
+    cache = tmp_path / "inductor"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    command = [sys.executable, "-c", _COMPILED_UPDATE, str(tmp_path), str(smollm2_dir)]
+    runs = []
+    for _ in ("cold", "warm"):
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        assert any(cache.rglob("*.py")), "the first run left no compiled kernels in the cache"
+    assert runs[0] == runs[1]
 
 
 def test_max_grad_norm_is_an_option_and_its_clipping_is_recorded(

@@ -211,6 +211,11 @@ def _check_run(key: str, run: dict[str, Any], models: dict[str, ModelSpec]) -> N
         )
     if run["trainer"] == "art":
         _check_art_overrides(key, run)
+        if run["compile_update"]:
+            raise ConfigError(
+                f"config key '{key}.compile_update': trainer art updates with ART's own "
+                "kernels; compile_update is for trainer torch"
+            )
     if model.is_served and model.entry["serve"]["lora"] is None:
         raise ConfigError(
             f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "

@@ -63,6 +63,8 @@ class TrainingRunConfig:
         optimizer: AdamW's other settings.
         warmup: Run ART's warm-up step (learning rate 1e-9 on the first row) before the first
             update of a fresh optimizer.
+        compile_update: Run the update's decoder layers compiled by ``torch.compile`` (trainer
+            ``torch`` on a CPU; see ``coordgap.training.grpo._CompiledLayers``).
         max_in_flight: Rollout episodes played at once.
         seed: Seeds the adapter's initialisation and every step's generators.
         art_internal_config: Passed to ``art.TrainableModel(_internal_config=...)`` by the
@@ -87,6 +89,7 @@ class TrainingRunConfig:
     epsilon_high: float | None
     optimizer: OptimizerSettings
     warmup: bool
+    compile_update: bool
     max_in_flight: int
     seed: int
     art_internal_config: dict[str, Any]
@@ -133,6 +136,7 @@ class TrainingRunConfig:
             epsilon_high=entry["epsilon_high"],
             optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
             warmup=bool(entry["warmup"]),
+            compile_update=bool(entry["compile_update"]),
             max_in_flight=int(entry["max_in_flight"]),
             seed=int(entry["seed"]),
             art_internal_config=dict(entry["art_internal_config"] or {}),

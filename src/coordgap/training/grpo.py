@@ -32,6 +32,8 @@ Departures from ART's loop (README, "GRPO training", lists them with whether eac
 * The model, and so the rollouts, attend with PyTorch's SDPA, as every evaluation cell does;
   the update's forward and backward passes attend eagerly (faster backwards on a CPU under the
   candidates' 4D mask; the two differ by rounding only). ART uses Unsloth's kernels.
+* With ``compile_update``, the update's decoder layers run compiled by ``torch.compile`` on a
+  CPU (``_CompiledLayers``); the rollouts always decide eagerly.
 * Each row runs at its own length instead of padded to a multiple of 2048 tokens: the padding
   is masked out of the loss, and causal attention never lets a token see what follows it.
 * ART's warm-up (one optimizer step at learning rate 1e-9 on the first row, which seeds Adam's
@@ -213,6 +215,7 @@ class TorchGRPOTrainer:
         self._decoder = self.model.get_decoder()
         self._dtype = self.model.get_input_embeddings().weight.dtype
         self._head = self.model.get_output_embeddings().weight.detach().float()
+        self._compiled = _CompiledLayers(self._decoder, run.compile_update and device == "cpu")
         # ART's experimental config: the loss and its clipping (None keeps ART's defaults).
         self._loss_config: art.dev.TrainConfig = {"ppo": run.loss == "ppo"}
         if run.epsilon is not None:
@@ -325,8 +328,10 @@ class TorchGRPOTrainer:
             number of tokens the forward pass ran.
         """
         # Eager attention: under the candidates' 4D mask PyTorch's SDPA runs its CPU backward
-        # about 25 % slower (2.1 s a row against 1.7 s).
-        with _attention(self.model, "eager"):
+        # about 25 % slower (2.1 s a row against 1.7 s). The passes keep no KV cache: nothing
+        # decodes on from them, and a cache would copy every layer's keys and values (and
+        # hand each compiled layer a state of its own, so each would compile again).
+        with _attention(self.model, "eager"), self._compiled.active():
             if isinstance(choice, DecisionChoice):
                 return self._decision_log_probs(inputs, choice)
             return self._token_log_probs(inputs)
@@ -335,7 +340,9 @@ class TorchGRPOTrainer:
         """A free decision's sampled tokens at the rollout temperature (see ``log_probs``)."""
         tokens = inputs["tokens"].to(self.model.device)
         predicts_sampled = inputs["assistant_mask"][0, 1:].nonzero()[:, 0].to(tokens.device)
-        hidden = self._decoder(input_ids=tokens).last_hidden_state[0, predicts_sampled]
+        hidden = self._decoder(input_ids=tokens, use_cache=False).last_hidden_state[
+            0, predicts_sampled
+        ]
         logits = F.linear(hidden.float(), self._head) / self.run.temperature
         sampled = torch.log_softmax(logits, dim=-1).gather(
             -1, tokens[0, predicts_sampled + 1, None]
@@ -361,6 +368,7 @@ class TorchGRPOTrainer:
             input_ids=layout.ids.to(device),
             attention_mask=additive_mask(layout.allowed, self._dtype).to(device),
             position_ids=layout.positions.to(device),
+            use_cache=False,
         ).last_hidden_state[0, candidate_columns(row, choice.candidates)]
         log_probs = torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
         scores = torch.stack(
@@ -556,6 +564,53 @@ def _attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(previous)
+
+
+class _CompiledLayers:
+    """A decoder's layers, each compiled by ``torch.compile``, swapped in while the update runs.
+
+    On a CPU with a matrix unit (AMX) the update's matrix products are under a third of its
+    time and elementwise kernels over a third (benchmarks/README.md, "Where the time goes");
+    inductor fuses a layer's elementwise work into a few kernels. On 2 AVX2 cores the update
+    ran 8 % faster, after 40 s of compiling with the cache cold and 10 s warm
+    (benchmarks/README.md, "torch.compile"). Each layer is compiled on
+    its own (regional compilation): the layers share one compiled graph per kind of call (with
+    gradients or not, first layer or later), so compiling costs seconds, not minutes, and
+    shapes are dynamic (every row has its own length). Only the update runs compiled: the
+    rollouts' decisions pass a KV cache through the layers, whose per-layer state would make
+    every layer a compilation of its own.
+
+    Inductor keeps what it compiled in its cache folder (``TORCHINDUCTOR_CACHE_DIR``, by
+    default one per user under the system's temporary folder), so later jobs on the machine
+    load the kernels instead of compiling them; a run's results are the same with the cache
+    cold or warm (a test holds them to it bit for bit).
+
+    Args:
+        decoder: The model's decoder, whose ``layers`` are swapped.
+        enabled: Compile; when false, ``active`` changes nothing.
+    """
+
+    def __init__(self, decoder: torch.nn.Module, enabled: bool) -> None:
+        self._decoder = decoder
+        self._eager = decoder.layers
+        # Made once: each keeps its own dynamo state, so a later update compiles nothing.
+        self._compiled = (
+            torch.nn.ModuleList(torch.compile(layer, dynamic=True) for layer in decoder.layers)
+            if enabled
+            else None
+        )
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the decoder's layers compiled for a while (eager again afterwards)."""
+        if self._compiled is None:
+            yield
+            return
+        self._decoder.layers = self._compiled
+        try:
+            yield
+        finally:
+            self._decoder.layers = self._eager
 
 
 @contextmanager
