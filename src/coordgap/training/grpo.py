@@ -573,12 +573,13 @@ class _CompiledLayers:
     time and elementwise kernels over a third (benchmarks/README.md, "Where the time goes");
     inductor fuses a layer's elementwise work into a few kernels. On 2 AVX2 cores the update
     ran 8 % faster, after 40 s of compiling with the cache cold and 10 s warm
-    (benchmarks/README.md, "torch.compile"). Each layer is compiled on
-    its own (regional compilation): the layers share one compiled graph per kind of call (with
-    gradients or not, first layer or later), so compiling costs seconds, not minutes, and
-    shapes are dynamic (every row has its own length). Only the update runs compiled: the
-    rollouts' decisions pass a KV cache through the layers, whose per-layer state would make
-    every layer a compilation of its own.
+    (benchmarks/README.md, "torch.compile").
+
+    Each layer is compiled on its own (regional compilation): the layers share one compiled
+    graph per kind of call (with gradients or not, first layer or later), so compiling costs
+    seconds, not minutes, and shapes are dynamic (every row has its own length). Only the
+    update runs compiled: the rollouts' decisions pass a KV cache through the layers, whose
+    per-layer state would make every layer a compilation of its own.
 
     Inductor keeps what it compiled in its cache folder (``TORCHINDUCTOR_CACHE_DIR``, by
     default one per user under the system's temporary folder), so later jobs on the machine
@@ -593,7 +594,7 @@ class _CompiledLayers:
     def __init__(self, decoder: torch.nn.Module, enabled: bool) -> None:
         self._decoder = decoder
         self._eager = decoder.layers
-        # Made once: each keeps its own dynamo state, so a later update compiles nothing.
+        # Wrapped once, for the trainer's life: every update runs the same compiled wrappers.
         self._compiled = (
             torch.nn.ModuleList(torch.compile(layer, dynamic=True) for layer in decoder.layers)
             if enabled
