@@ -215,6 +215,9 @@ class TorchGRPOTrainer:
         self._decoder = self.model.get_decoder()
         self._dtype = self.model.get_input_embeddings().weight.dtype
         self._head = self.model.get_output_embeddings().weight.detach().float()
+        if run.compile_update and device != "cpu":
+            # Measured on CPUs only (benchmarks/README.md, "torch.compile"): said, not silent.
+            logger.warning("compile_update is for a CPU; the update on %s runs eagerly", device)
         self._compiled = _CompiledLayers(self._decoder, run.compile_update and device == "cpu")
         # ART's experimental config: the loss and its clipping (None keeps ART's defaults).
         self._loss_config: art.dev.TrainConfig = {"ppo": run.loss == "ppo"}
