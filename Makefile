@@ -24,21 +24,29 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) \
 	-DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) -DGGML_AVX_VNNI=$(call cpu_has,avx_vnni)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: all test lint touch clean-results art-runtime
+.PHONY: all test test-fast lint touch clean-results art-runtime
 
 # dvc commit records what Snakemake built in dvc.lock, so the first `dvc repro` has nothing to do.
 all: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) all
 	$(BIN)/dvc commit --force --quiet
 
-# Two pytest workers, each taking whole test files (their module fixtures, such as a trained
-# run, are built once): on 2 cores the suite waits on subprocesses, servers and Slurm as much
-# as it computes, and two workers keep both cores busy.
+# Two pytest workers, each taking whole test files (their module fixtures are built once), the
+# longest files first (tests/budget.toml; --no-loadscope-reorder keeps that order): on 2 cores
+# the suite waits on subprocesses, servers and Slurm as much as it computes, and two workers
+# keep both cores busy. Every run ends with its time per worker and file (tests/README.md).
 PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed $(VENV)/.llama-server
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(PYTEST)
+
+# The edit loop's tier: the files of kind unit in tests/budget.toml, which need no model, server
+# or workflow run (tests/README.md).
+test-fast: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(PYTEST) -m fast
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

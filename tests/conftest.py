@@ -1,4 +1,5 @@
-"""Shared fixtures: a copy of the workflow in a temporary folder, and command runners."""
+"""Shared fixtures: a copy of the workflow in a temporary folder, command runners, what the
+session builds once for all workers, and the suite's schedule and clock (tests/timings.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from coordgap.site import SITE_ENV
+from tests.timings import FAST_KIND, SuiteClock, file_of, load_budget, longest_first
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
@@ -162,16 +169,52 @@ def plan_lines(project: Path, *args: str) -> dict[tuple[str, str], dict[str, flo
         }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The controlling process (not an xdist worker) times the suite.
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(SuiteClock(load_budget()), "coordgap-suite-clock")
+
+
+# First, so that `-m fast` (make test-fast) selects by the marker this adds.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    budget = load_budget()
+    for item in items:
+        entry = budget.get(file_of(item.nodeid))
+        if entry is not None and entry.kind == FAST_KIND:
+            item.add_marker(pytest.mark.fast)
+    longest_first(items, budget)
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(dest)`` run once per test session for all pytest workers; the folder it built.
+
+    Workers share the parent of their temporary folders: the first to ask builds under a lock
+    while the others wait for it, and every later ask finds the folder built. Tests read what
+    it holds; one that changes it works on a copy. ``dest``'s parent holds only ``dest``.
+    """
+    base = factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    shared.mkdir(exist_ok=True)
+    dest, done = shared / name / name, shared / f"{name}.done"
+    with FileLock(shared / f"{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(dest.parent, ignore_errors=True)  # a build that failed part-way
+            dest.parent.mkdir()
+            build(dest)
+            done.touch()
+    return dest
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct prepared once per session (or where COORDGAP_TEST_MODEL_DIR says)."""
+    """SmolLM2-135M-Instruct prepared once for the whole run (or where
+    COORDGAP_TEST_MODEL_DIR says); its parent folder holds nothing else."""
     from coordgap.models.prepare import prepare_model
 
     if prepared := os.environ.get("COORDGAP_TEST_MODEL_DIR"):
         return Path(prepared)
-    dest = tmp_path_factory.mktemp("models") / "smollm2"
-    prepare_model(SMOLLM2, dest)
-    return dest
+    return built_once(tmp_path_factory, "smollm2", lambda dest: prepare_model(SMOLLM2, dest))
 
 
 def tiny_training_config(model_dir: Path) -> dict:

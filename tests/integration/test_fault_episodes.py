@@ -256,8 +256,10 @@ def test_the_provider_slot_keeps_two_cells_of_one_provider_apart(tmp_path, tiny_
         }
         config["analysis"]["timeline"]["model"] = "first"
         project = copy_workflow(tmp_path / "project", config)
-        # The loopback endpoint's slot (its host 127.0.0.1), capped as the profiles cap one.
-        run(project, "snakemake", "all", "--cores", "2", "--resources", "api_127_0_0_1=1")
+        # The loopback endpoint's slot (its host 127.0.0.1), capped as the profiles cap one;
+        # the two cells alone (their analysis holds no request).
+        cells = [f"results/episodes/{name}/n3.parquet" for name in ("first", "second")]
+        run(project, "snakemake", *cells, "--cores", "2", "--resources", "api_127_0_0_1=1")
     arrivals: dict[str, list[float]] = {}
     for request in server.requests:
         arrivals.setdefault(request.body["model"], []).append(request.received_s)

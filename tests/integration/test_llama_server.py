@@ -28,7 +28,8 @@ LLAMA_PYTHON = llama_server_python()
 pytestmark = [pytest.mark.integration, pytest.mark.slow, needs_llama_server]
 
 READY_TIMEOUT_S = 120.0
-DECISIONS = 20
+# Every pairing of the forks' states (i % 2, i % 3) once; each call takes ~3 s on 2 cores.
+DECISIONS = 6
 
 
 @pytest.fixture(scope="module")

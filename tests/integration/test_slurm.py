@@ -303,7 +303,10 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
     With the site file: GPU jobs land in its GPU partition and ask for its card by name, the
     others in its CPU partition, all under its account, as `scontrol show job` records them.
     """
-    project = copy_workflow(tmp_path / "project", tiny_training_config(smollm2_dir))
+    config = tiny_training_config(smollm2_dir)
+    # One step is every phase already: placement is the point here, not what training learns.
+    config["training"]["runs"]["tiny-grpo"]["steps"] = 1
+    project = copy_workflow(tmp_path / "project", config)
     site = _site_file(tmp_path)
     result = run(
         project,
@@ -343,7 +346,7 @@ def test_the_training_study_runs_through_a_real_slurm_cluster(tmp_path, smollm2_
     for rule in ("prepare_model", *sorted(CLUSTER_RULES - {"generate_episodes"})):
         assert placements[rule] == {cpu_job}, (rule, placements)
     results = project / "results"
-    assert (results / "train/tiny-grpo/checkpoints/step_0002/adapter_model.safetensors").exists()
+    assert (results / "train/tiny-grpo/checkpoints/step_0001/adapter_model.safetensors").exists()
     assert (results / "test/tiny-grpo@best_val/n3.parquet").exists()
     assert "## Training and checkpoint selection" in (results / "report.md").read_text()
 

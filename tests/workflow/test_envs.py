@@ -140,10 +140,8 @@ def test_the_two_configs_use_every_env_file(job_envs):
     } <= default_rules
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env_file", ENV_FILES)
-def test_the_pip_requirements_of_each_env_resolve_together(env_file, tmp_path):
-    """pip resolves an env's pip: section as conda would install it, without installing.
+def _resolve(env_file: str, folder: Path) -> subprocess.Popen[str]:
+    """Start pip resolving an env's pip: section as conda would install it, without installing.
 
     conda writes the section to a requirements file beside its copy of the env file, which
     Snakemake keeps in .snakemake/conda/ of the workdir, and runs pip there: `-e ../..` is the
@@ -151,21 +149,14 @@ def test_the_pip_requirements_of_each_env_resolve_together(env_file, tmp_path):
     of torch (GBs with their libraries) are never downloaded: 25-40 s and about 100 MB each.
     """
     env = yaml.safe_load((ENVS / env_file).read_text())
-    conda = [dep for dep in env["dependencies"] if isinstance(dep, str)]
-    (python,) = [dep.split("=", 1)[1] for dep in conda if dep.startswith("python=")]
-    # This interpreter resolves it: for another one, pip would take wheels only, and a
-    # dependency of dvc (hydra-core's antlr4 runtime) has none.
-    assert python == f"{sys.version_info.major}.{sys.version_info.minor}"
     (pip,) = [dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict)]
-
-    checkout = copy_workflow(tmp_path / "project")
+    checkout = copy_workflow(folder / "project")
     for part in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / part, checkout / part)
     conda_dir = checkout / ".snakemake" / "conda"
     conda_dir.mkdir(parents=True)
     (conda_dir / "condaenv.requirements.txt").write_text("\n".join(pip) + "\n")
-    report = tmp_path / "report.json"
-    result = subprocess.run(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -176,16 +167,43 @@ def test_the_pip_requirements_of_each_env_resolve_together(env_file, tmp_path):
             "--use-feature=fast-deps",
             "--quiet",
             "--report",
-            str(report),
+            str(folder / "report.json"),
             "-r",
             "condaenv.requirements.txt",
         ],
         cwd=conda_dir,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
+    """Env file -> pip's exit status, its stderr and its report: all envs resolved at once,
+    since resolving waits on the package index far more than it computes."""
+    folders = {name: tmp_path_factory.mktemp(Path(name).stem) for name in ENV_FILES}
+    started = {name: _resolve(name, folder) for name, folder in folders.items()}
+    done = {}
+    for name, process in started.items():
+        _, stderr = process.communicate(timeout=600)
+        done[name] = (process.returncode, stderr, folders[name] / "report.json")
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_file", ENV_FILES)
+def test_the_pip_requirements_of_each_env_resolve_together(env_file, resolutions):
+    """pip resolves each env's pip: section (``_resolve``), with its pins as written."""
+    env = yaml.safe_load((ENVS / env_file).read_text())
+    conda = [dep for dep in env["dependencies"] if isinstance(dep, str)]
+    (python,) = [dep.split("=", 1)[1] for dep in conda if dep.startswith("python=")]
+    # This interpreter resolves it: for another one, pip would take wheels only, and a
+    # dependency of dvc (hydra-core's antlr4 runtime) has none.
+    assert python == f"{sys.version_info.major}.{sys.version_info.minor}"
+    (pip,) = [dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict)]
+    returncode, stderr, report = resolutions[env_file]
+    assert returncode == 0, stderr[-4000:]
 
     resolved = {
         _normalized(item["metadata"]["name"]): item["metadata"]["version"]
