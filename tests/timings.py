@@ -96,6 +96,17 @@ def lpt_makespan(seconds: Iterable[float], workers: int) -> float:
     return max(loads)
 
 
+def totals(tests: dict[str, list]) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """A run's ``nodeid -> [seconds, worker]`` as each file's test seconds and each worker's
+    busy seconds."""
+    by_file: dict[str, list[float]] = defaultdict(list)
+    busy: dict[str, float] = defaultdict(float)
+    for nodeid, (seconds, worker) in tests.items():
+        by_file[file_of(nodeid)].append(seconds)
+        busy[worker] += seconds
+    return by_file, busy
+
+
 class SuiteClock:
     """Collects every test's seconds (setup, call and teardown) and which worker ran it, and
     prints and keeps the run's costs at its end. Registered in the controlling process only."""
@@ -103,13 +114,13 @@ class SuiteClock:
     def __init__(self, budget: dict[str, FileBudget]) -> None:
         self.budget = budget
         self.started = time.monotonic()
-        self.tests: dict[str, float] = defaultdict(float)
-        self.workers: dict[str, str] = {}
+        # nodeid -> [seconds of setup, call and teardown, the worker that ran it]
+        self.tests: dict[str, list] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.tests[report.nodeid] += report.duration
         node = getattr(report, "node", None)  # an xdist worker's controller
-        self.workers[report.nodeid] = node.gateway.id if node is not None else "main"
+        worker = node.gateway.id if node is not None else "main"
+        self.tests.setdefault(report.nodeid, [0.0, worker])[0] += report.duration
 
     def pytest_terminal_summary(
         self, terminalreporter: pytest.TerminalReporter, config: pytest.Config
@@ -117,11 +128,8 @@ class SuiteClock:
         if not self.tests:
             return
         wall = time.monotonic() - self.started
-        by_file: dict[str, float] = defaultdict(float)
-        busy: dict[str, float] = defaultdict(float)
-        for nodeid, seconds in self.tests.items():
-            by_file[file_of(nodeid)] += seconds
-            busy[self.workers[nodeid]] += seconds
+        per_file, busy = totals(self.tests)
+        by_file = {file: sum(seconds) for file, seconds in per_file.items()}
         write = terminalreporter.write_line
         terminalreporter.section("test time (tests/budget.toml, tests/README.md)")
         workers = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(busy.items()))
@@ -142,7 +150,7 @@ class SuiteClock:
         if unbudgeted:
             write(f"NO BUDGET (add to tests/budget.toml): {', '.join(unbudgeted)}", yellow=True)
         write("slowest tests:")
-        for nodeid, seconds in sorted(self.tests.items(), key=lambda pair: -pair[1])[:10]:
+        for nodeid, (seconds, _) in sorted(self.tests.items(), key=lambda pair: -pair[1][0])[:10]:
             write(f"  {seconds:7.1f}  {nodeid}")
         # A run without pytest's cache plugin (-p no:cacheprovider) keeps nothing.
         if getattr(config, "cache", None) is not None:
@@ -150,7 +158,7 @@ class SuiteClock:
                 CACHE_KEY,
                 {
                     "wall_s": wall,
-                    "tests": {n: [s, self.workers[n]] for n, s in sorted(self.tests.items())},
+                    "tests": dict(sorted(self.tests.items())),
                 },
             )
 
@@ -163,9 +171,10 @@ def _machine() -> str:
     cpuinfo = Path("/proc/cpuinfo")
     model = platform.processor() or "unknown CPU"
     if cpuinfo.exists():
-        found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M)
+        text = cpuinfo.read_text()
+        found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
         model = found.group(1) if found else model
-        flags = re.search(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)
+        flags = re.search(r"^flags\s*:(.*)$", text, re.M)
         isa = set(flags.group(1).split()) if flags else set()
         top = next(
             (name for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"),
@@ -185,11 +194,7 @@ def _commit() -> str:
 
 def table(run: dict, budget: dict[str, FileBudget], workers: int = 2) -> str:
     """The markdown of tests/README.md's measured section for a run's timings."""
-    by_file: dict[str, list[float]] = defaultdict(list)
-    busy: dict[str, float] = defaultdict(float)
-    for nodeid, (seconds, worker) in run["tests"].items():
-        by_file[file_of(nodeid)].append(seconds)
-        busy[worker] += seconds
+    by_file, busy = totals(run["tests"])
     total = sum(sum(each) for each in by_file.values())
     by_kind: dict[str, float] = defaultdict(float)
     for file, seconds in by_file.items():
@@ -226,9 +231,7 @@ def table(run: dict, budget: dict[str, FileBudget], workers: int = 2) -> str:
 def budget_text(run: dict, budget: dict[str, FileBudget]) -> str:
     """``budget.toml`` rewritten from a run: each file's measured seconds with headroom, under
     its kind (a new file under ``unsorted``, to be moved by hand)."""
-    by_file: dict[str, float] = defaultdict(float)
-    for nodeid, (seconds, _) in run["tests"].items():
-        by_file[file_of(nodeid)] += seconds
+    by_file = {file: sum(seconds) for file, seconds in totals(run["tests"])[0].items()}
     header = [line for line in BUDGET.read_text().splitlines() if line.startswith("#")]
     kinds: dict[str, dict[str, float]] = defaultdict(dict)
     for file, seconds in sorted(by_file.items()):

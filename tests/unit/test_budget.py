@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.timings import ROOT, FileBudget, load_budget, longest_first, lpt_makespan
+from tests.timings import ROOT, FileBudget, load_budget, longest_first, lpt_makespan, totals
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +45,10 @@ def test_the_schedule_is_the_budgets_longest_first_schedule() -> None:
         "a.py::x",
         "a.py::y",
     ]
+
+
+def test_a_runs_seconds_add_up_by_file_and_by_worker() -> None:
+    run = {"a.py::x": [1.0, "gw0"], "a.py::y": [2.0, "gw1"], "b.py::z": [3.0, "gw0"]}
+    by_file, busy = totals(run)
+    assert by_file == {"a.py": [1.0, 2.0], "b.py": [3.0]}
+    assert busy == {"gw0": 4.0, "gw1": 2.0}
