@@ -243,6 +243,37 @@ def tiny_training_config(model_dir: Path) -> dict:
     return config
 
 
+# The tiny trained study's training target, and what Snakemake printed while it trained.
+TRAINED_HISTORY = "results/train/tiny-grpo/history.parquet"
+TRAINED_OUTPUT = "snakemake.out"
+
+
+def trained_study_config(model_dir: Path) -> dict:
+    """``tiny_training_config`` tracked in MLflow: every job of the study logs into one SQLite
+    store, some at once."""
+    return {**tiny_training_config(model_dir), "tracking": "mlflow"}
+
+
+@pytest.fixture(scope="session")
+def trained_study(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """The tiny trained study run once for all workers (``built_once``), with two cores:
+    trained in one go (Snakemake's output in ``TRAINED_OUTPUT``), then validated, selected,
+    tested and reported by ``snakemake all``.
+
+    What the tests of training, resumption and DVC's partial reruns compare against or start
+    from; a test that changes it works on a copy (``shutil.copytree`` keeps the timestamps
+    Snakemake and DVC judge it by).
+    """
+
+    def build(project: Path) -> None:
+        copy_workflow(project, trained_study_config(smollm2_dir))
+        trained = run(project, "snakemake", "--cores", "2", TRAINED_HISTORY)
+        (project / TRAINED_OUTPUT).write_text(trained.stdout + trained.stderr)
+        run(project, "snakemake", "--cores", "2", "all")
+
+    return built_once(tmp_path_factory, "trained-study", build)
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     """The tiny workflow config, as a dict to modify."""

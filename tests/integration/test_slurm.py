@@ -130,47 +130,6 @@ def _scontrol_job(slurm_id: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
 
 
-@pytest.mark.usefixtures("slurm_cluster")
-def test_tiny_workflow_runs_through_a_real_slurm_cluster(tmp_path, tiny_config):
-    project = copy_workflow(tmp_path / "project", _small_config(tiny_config))
-    result = run(project, "snakemake", *PROFILE, *TEST_CLUSTER_FLAGS, "all", check=False)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log
-    assert "Using workflow specific profile profiles/slurm" in log
-    assert (project / "results" / "report.md").stat().st_size > 0
-
-    jobs = _jobs(log)
-    submissions = SUBMITTED.findall(log)
-    submitted = {job: slurm_id for job, slurm_id, _ in submissions}
-    # Exactly the cluster rules went to sbatch: one job per episode cell (two), one per
-    # statistics rule.
-    submitted_rules = sorted(jobs[job][0] for job in submitted)
-    cells = ["generate_episodes"] * 2
-    assert submitted_rules == sorted([*CLUSTER_RULES - {"generate_episodes"}, *cells]), log
-    assert not any(jobs[job][1] for job in submitted), "a localrule was submitted"
-    # Job logs go where the profile's slurm-logdir says (the plugin deletes those of
-    # successful jobs, so only the paths are checked).
-    for job, _, job_log in submissions:
-        logdir = (project / "logs" / "slurm" / f"rule_{jobs[job][0]}").resolve()
-        assert Path(job_log).resolve().is_relative_to(logdir), log
-    # The localrules ran in this process, never through sbatch.
-    local = {rule for job, (rule, is_local) in jobs.items() if is_local and job not in submitted}
-    assert local == LOCAL_RULES, log
-
-    # Slurm itself ran them: slurmctld still lists each job as completed on the node, under
-    # the comment the executor gives it.
-    for job, slurm_id in submitted.items():
-        record = _scontrol_job(slurm_id)
-        assert record["JobState"] == "COMPLETED", record
-        assert record["ExitCode"] == "0:0", record
-        assert record["Comment"].startswith(f"rule_{jobs[job][0]}"), record
-        assert record["NodeList"] != "(null)", record
-    # The jobs' outputs and Snakemake logs came back to the project folder.
-    for model in ("resource_hierarchy", "silent"):
-        assert (project / "results" / "episodes" / model / "n3.parquet").is_file()
-        assert (project / "logs" / "generate_episodes" / model / "n3.benchmark.tsv").is_file()
-
-
 def test_slurm_profile_dry_run_gives_each_rule_its_resources(tmp_path, tiny_config):
     config = copy.deepcopy(tiny_config)
     default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -370,9 +329,13 @@ def test_a_job_that_fails_on_the_cluster_is_reported_with_its_log(tmp_path, tiny
 
 
 @pytest.mark.usefixtures("slurm_cluster")
-def test_api_cells_run_on_the_submit_host_where_the_site_says_so(tmp_path, tiny_config):
-    """api_jobs: submit_host: the API cell is a localrule here (its loopback endpoint is only
-    reachable from this host), every other job goes to the site's CPU partition."""
+def test_tiny_workflow_runs_through_a_real_slurm_cluster_with_api_cells_on_the_submit_host(
+    tmp_path, tiny_config
+):
+    """The tiny design through sbatch: one job per episode cell and statistics rule, the
+    localrules in Snakemake's own process. With the site file's ``api_jobs: submit_host``, the
+    API cell is a localrule too (its loopback endpoint is only reachable from this host), and
+    every other job goes to the site's CPU partition."""
     config = _small_config(tiny_config)
     with FaultServer([ok("think")]) as server:
         config["models"]["api"] = api_model_entry(server.base_url, timeout_s=5, episodes_per_cell=2)
@@ -383,14 +346,41 @@ def test_api_cells_run_on_the_submit_host_where_the_site_says_so(tmp_path, tiny_
         log = result.stdout + result.stderr
         assert result.returncode == 0, log
         assert server.requests, "the API cell never called its endpoint"
+    assert "Using workflow specific profile profiles/slurm" in log
+    assert (project / "results" / "report.md").stat().st_size > 0
     jobs = _jobs(log)
-    submitted = {job: slurm_id for job, slurm_id, _ in SUBMITTED.findall(log)}
+    submissions = SUBMITTED.findall(log)
+    submitted = {job: slurm_id for job, slurm_id, _ in submissions}
+    # Exactly the cluster rules went to sbatch: one job per scripted episode cell (two), one
+    # per statistics rule.
+    submitted_rules = sorted(jobs[job][0] for job in submitted)
+    cells = ["generate_episodes"] * 2
+    assert submitted_rules == sorted([*CLUSTER_RULES - {"generate_episodes"}, *cells]), log
+    assert not any(jobs[job][1] for job in submitted), "a localrule was submitted"
+    # Job logs go where the profile's slurm-logdir says (the plugin deletes those of
+    # successful jobs, so only the paths are checked).
+    for job, _, job_log in submissions:
+        logdir = (project / "logs" / "slurm" / f"rule_{jobs[job][0]}").resolve()
+        assert Path(job_log).resolve().is_relative_to(logdir), log
+    # The localrules ran in this process, never through sbatch: the API cell among them.
+    local = {rule for job, (rule, is_local) in jobs.items() if is_local and job not in submitted}
+    assert local == LOCAL_RULES | {"generate_api_episodes"}, log
     api_jobs = [job for job, (rule, _) in jobs.items() if rule == "generate_api_episodes"]
     assert len(api_jobs) == 1, log
-    assert jobs[api_jobs[0]][1], "the API cell was not run as a localrule"
-    assert api_jobs[0] not in submitted
+
+    # Slurm itself ran them: slurmctld still lists each job as completed on the node, under
+    # the comment the executor gives it, in the site's CPU partition and account.
     for job, slurm_id in submitted.items():
+        record = _scontrol_job(slurm_id)
+        assert record["JobState"] == "COMPLETED", record
+        assert record["ExitCode"] == "0:0", record
+        assert record["Comment"].startswith(f"rule_{jobs[job][0]}"), record
+        assert record["NodeList"] != "(null)", record
         assert _placement(slurm_id) == ("cpu", "coordgap-ci", ""), jobs[job]
+    # The jobs' outputs and Snakemake logs came back to the project folder.
+    for model in ("resource_hierarchy", "silent"):
+        assert (project / "results" / "episodes" / model / "n3.parquet").is_file()
+        assert (project / "logs" / "generate_episodes" / model / "n3.benchmark.tsv").is_file()
     episodes = pl.read_parquet(project / "results/episodes/api/n3.parquet")
     assert episodes.height == 2
     assert (episodes["status"] == "ok").all(), episodes

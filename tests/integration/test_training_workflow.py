@@ -1,8 +1,8 @@
 """GRPO training through Snakemake: every step's checkpoint, threads, resume after a kill.
 
-The run is the tiny training design of ``tests.conftest.tiny_training_config``: SmolLM2 trains
-for 2 steps of 2 episodes at N = 3. Resumption is checked the way issue and design ask: a run
-stopped at any moment (SIGKILL, a lost node; SIGTERM, a preemption) and rerun ends with the
+The run is the tiny trained study of ``tests.conftest.trained_study``: SmolLM2 trains for 2
+steps of 2 episodes at N = 3. Resumption is checked the way issue and design ask: a run stopped
+at any moment (SIGTERM, a preemption; SIGKILL, a lost node) and rerun ends with the
 uninterrupted run's history, rollouts and adapters, tensor for tensor.
 """
 
@@ -25,7 +25,13 @@ from coordgap.config.training import TrainingRunConfig
 from coordgap.env.protocols import Tool
 from coordgap.tracking import EXPERIMENT
 from coordgap.training.history import rollout_rewards
-from tests.conftest import copy_workflow, run, tiny_training_config
+from tests.conftest import (
+    TRAINED_HISTORY,
+    TRAINED_OUTPUT,
+    copy_workflow,
+    run,
+    trained_study_config,
+)
 from tests.integration.processes import signal_when
 
 if TYPE_CHECKING:
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RUN = "results/train/tiny-grpo"
-TARGET = f"{RUN}/history.parquet"
+TARGET = TRAINED_HISTORY
 JOB_LOG = "logs/train_grpo/tiny-grpo.log"
 # Timing columns differ between any two runs; everything else must not.
 TIMING = ("seconds_rollout", "seconds_update", "seconds")
@@ -52,8 +58,8 @@ def _committed(project: Path) -> int:
 
 @pytest.fixture(scope="module")
 def config(smollm2_dir: Path) -> dict:
-    # Tracked in MLflow: every job of the study logs into one SQLite store, some at once.
-    return {**tiny_training_config(smollm2_dir), "tracking": "mlflow"}
+    """The trained study's config, for the runs that are stopped on their way to its result."""
+    return trained_study_config(smollm2_dir)
 
 
 def _tracked(project: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -79,15 +85,6 @@ def _assert_tracked_history(project: Path) -> None:
     assert curve == list(zip(history["step"], history["reward_mean"], strict=True))
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Path:
-    """The run trained in one go, with two cores: what every interrupted run must match."""
-    clean = copy_workflow(tmp_path_factory.mktemp("clean"), config)
-    result = run(clean, "snakemake", "--cores", "2", TARGET)
-    (clean / "snakemake.out").write_text(result.stdout + result.stderr)
-    return clean
-
-
 def _assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     history = pl.read_parquet(resumed / TARGET).drop(TIMING)
     assert history.equals(pl.read_parquet(uninterrupted / TARGET).drop(TIMING))
@@ -108,24 +105,24 @@ def _assert_same_run(resumed: Path, uninterrupted: Path) -> None:
 
 
 def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
-    uninterrupted: Path, config: dict
+    trained_study: Path, config: dict
 ) -> None:
     for step in range(3):
-        folder = uninterrupted / RUN / "checkpoints" / f"step_{step:04d}"
+        folder = trained_study / RUN / "checkpoints" / f"step_{step:04d}"
         assert {"adapter_model.safetensors", "adapter_config.json"} <= {
             p.name for p in folder.iterdir()
         }
-    step_0 = load_file(uninterrupted / RUN / "checkpoints/step_0000/adapter_model.safetensors")
+    step_0 = load_file(trained_study / RUN / "checkpoints/step_0000/adapter_model.safetensors")
     # The untrained adapter: B = 0, so it acts exactly like the base model.
     assert all(torch.count_nonzero(v) == 0 for k, v in step_0.items() if "lora_B" in k)
-    history = pl.read_parquet(uninterrupted / TARGET)
+    history = pl.read_parquet(trained_study / TARGET)
     assert history["step"].to_list() == [0, 1]
     assert history["n"].to_list() == [3, 3]
     # The training curve is rebuilt from the rollout tables alone.
     run_config = TrainingRunConfig.from_dict("tiny-grpo", config["training"]["runs"]["tiny-grpo"])
     trained_rows = 0
     for row in history.iter_rows(named=True):
-        episodes = pl.read_parquet(uninterrupted / RUN / f"rollouts/step_{row['step']:04d}.parquet")
+        episodes = pl.read_parquet(trained_study / RUN / f"rollouts/step_{row['step']:04d}.parquet")
         rebuilt = rollout_rewards(episodes, run_config)
         assert rebuilt["reward_mean"] == pytest.approx(row["reward_mean"])
         assert rebuilt["episodes"] == row["episodes"] == 2
@@ -136,36 +133,23 @@ def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
         # The untrained adapter is the base model exactly; any update moves mu.
         assert (row["probe_kl"] > 0) == (trained_rows > 0)
     # Snakemake gave the job two threads, and torch used exactly those.
-    output = (uninterrupted / "snakemake.out").read_text()
+    output = (trained_study / TRAINED_OUTPUT).read_text()
     assert re.search(r"rule train_grpo:.*?threads: 2", output, flags=re.DOTALL)
-    assert "torch threads: 2" in (uninterrupted / JOB_LOG).read_text()
+    assert "torch threads: 2" in (trained_study / JOB_LOG).read_text()
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_result(
-    tmp_path: Path, config: dict, uninterrupted: Path
+def test_a_run_stopped_then_killed_resumes_each_time_to_the_uninterrupted_result(
+    tmp_path: Path, config: dict, trained_study: Path
 ) -> None:
-    killed = copy_workflow(tmp_path / "killed", config)
-    signal_when(
-        killed, TARGET, lambda: _committed(killed) >= 1, signal.SIGKILL, cores=2, timeout_s=600
-    )
-    assert 1 <= _committed(killed) < 2
-    assert not (killed / TARGET).exists()
-    # A SIGKILLed Snakemake leaves its lock behind; --unlock is the documented way back.
-    run(killed, "snakemake", "--unlock")
-    run(killed, "snakemake", "--cores", "2", TARGET)
-    assert "resuming at step 1 of 2" in (killed / JOB_LOG).read_text()
-    _assert_same_run(killed, uninterrupted)
-    # The resumed job logged the step committed before the kill again, and only once.
-    _assert_tracked_history(killed)
+    """A preemption (SIGTERM) mid-step, then a lost node (SIGKILL) once the rerun has resumed:
+    each rerun resumes at the step committed last, and the run ends as the uninterrupted one.
 
-
-def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
-    tmp_path: Path, config: dict, uninterrupted: Path
-) -> None:
+    One run takes both stops, each where its own test used to stop a run of its own.
+    """
     stopped = copy_workflow(tmp_path / "stopped", config)
     rollouts = stopped / RUN / ".resume" / "rollouts"
 
-    # Mid-step: step 0 is committed and step 1 is under way (its rollouts not yet committed).
+    # SIGTERM mid-step: step 0 is committed and step 1 under way (its rollouts not committed).
     def mid_step() -> bool:
         return _committed(stopped) == 1 and not (rollouts / "step_0001.parquet").exists()
 
@@ -176,14 +160,26 @@ def test_sigterm_stops_a_step_within_seconds_and_the_rerun_matches(
     log = (stopped / JOB_LOG).read_text()
     assert "stopped by SIGTERM" in log
     assert "Traceback" not in log
+
+    # SIGKILL once the rerun has resumed step 1 (its job's log is written anew).
+    def resumed() -> bool:
+        log = stopped / JOB_LOG
+        return log.exists() and "resuming at step 1 of 2" in log.read_text()
+
+    signal_when(stopped, TARGET, resumed, signal.SIGKILL, cores=2, timeout_s=600)
+    assert _committed(stopped) == 1
+    assert not (stopped / TARGET).exists()
+    # A SIGKILLed Snakemake leaves its lock behind; --unlock is the documented way back.
+    run(stopped, "snakemake", "--unlock")
     run(stopped, "snakemake", "--cores", "2", TARGET)
-    _assert_same_run(stopped, uninterrupted)
+    assert "resuming at step 1 of 2" in (stopped / JOB_LOG).read_text()
+    _assert_same_run(stopped, trained_study)
+    # The resumed jobs logged the step committed before each stop again, and only once.
     _assert_tracked_history(stopped)
 
 
-def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Path) -> None:
-    run(uninterrupted, "snakemake", "--cores", "2", "all")
-    results = uninterrupted / "results"
+def test_the_study_trains_evaluates_selects_tests_and_reports(trained_study: Path) -> None:
+    results = trained_study / "results"
     # Every checkpoint played its validation episodes, each in one file, all in one job and
     # on the same scenarios; the job's journal is gone.
     folder = results / "eval/tiny-grpo/validation"
@@ -213,8 +209,8 @@ def test_the_study_trains_evaluates_selects_tests_and_reports(uninterrupted: Pat
         seen |= {*pl.read_parquet(path)["scenario"]}
     assert not seen & {*base["scenario"]}
     # Tracked: the training curve, each validated checkpoint, each test cell at its step.
-    _assert_tracked_history(uninterrupted)
-    tracked = _tracked(uninterrupted)
+    _assert_tracked_history(trained_study)
+    tracked = _tracked(trained_study)
     assert [step for step, _ in tracked["validation"]["reward_mean"]] == [0, 1, 2]
     assert tracked["validation"]["episodes"] == [(0, 2.0), (1, 2.0), (2, 2.0)]
     assert tracked["test/best_val/n3"]["episodes"] == [(chosen, 2.0)]
