@@ -149,7 +149,7 @@ def test_a_model_whose_every_episode_errored_is_shown_without_numbers(tmp_path: 
         assert ",-0.0," not in path.read_text(), path
 
 
-def test_a_six_episode_pair_reads_the_permutation_test_beside_welch() -> None:
+def test_a_six_episode_pair_reads_the_studentized_permutation_test_beside_welch() -> None:
     episodes = table()
     x = rewards(episodes, "hierarchy", RewardVariant.PAPER)
     y = rewards(episodes, "left_first", RewardVariant.PAPER)
@@ -164,7 +164,7 @@ def test_a_six_episode_pair_reads_the_permutation_test_beside_welch() -> None:
     welch = scipy_stats.ttest_ind(x, y, equal_var=False)
     assert (row["t"], row["welch_p"]) == pytest.approx((welch.statistic, welch.pvalue))
     # Six episodes per sample: Welch's normal approximation is not the one to read.
-    assert row["test"] == "permutation"
+    assert row["test"] == "studentized_permutation"
     assert row["p"] == row["permutation_p"]
     assert row["note"] == (
         "Welch not read: fewer than 10 episodes in a sample; SDs differ 16.7x: read g_av"
@@ -224,13 +224,14 @@ def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> N
         comparisons = compare(episodes, config)
     constant = comparisons.filter(pl.col("model_a") == "silent").row(0, named=True)
     assert constant["note"] == (
-        "Welch not read: zero variance in silent and idle; fewer than 10 episodes in a sample"
+        "Welch not read: zero variance in silent and idle; fewer than 10 episodes in a sample; "
+        "no g, g_av or SD ratio: both samples constant"
     )
     for key in ("t", "dof", "welch_p", "hedges_g", "hedges_g_ci_low", "g_av", "sd_ratio"):
         assert math.isnan(constant[key]), key
     # 1.0 against 0.9, every time: of the 924 splits of the 12 episodes, only this one and its
     # mirror are as extreme, for the means and for the ranks.
-    assert constant["test"] == "permutation"
+    assert constant["test"] == "studentized_permutation"
     assert constant["p"] == pytest.approx(2 / 924)
     assert (constant["superiority"], constant["bm_p"]) == (1.0, pytest.approx(2 / 924))
     assert constant["diff"] == pytest.approx(0.1)
@@ -240,6 +241,21 @@ def test_zero_variance_and_one_episode_pairs_say_why_and_raise_no_warning() -> N
     assert solo["test"] is None
     assert math.isnan(solo["p"])
     assert math.isnan(solo["bm_p"])
+
+
+def test_rewards_equal_but_for_rounding_noise_tie_in_every_statistic() -> None:
+    # Weighted sums 0.9541666666666667 and 0.9541666666666666 of one reward, 0.95416 repeating.
+    episodes = frame(
+        [episode("a", 5, i, meals=[0, 0, 0, 1, 1], think=1) for i in range(6)]
+        + [episode("b", 5, i, meals=[0, 0, 0, 1, 2], think=5) for i in range(6)]
+    )
+    config = replace(COMPARE, comparisons=(("a", "b"),))
+    for row in compare(episodes, config).iter_rows(named=True):
+        assert (row["mean_a"], row["diff"]) == (row["mean_b"], 0.0)
+        # Ranks tie: without rounding every pair would be A > B, and bm_p 2 / 924.
+        assert (row["superiority"], row["bm_p"], row["p"]) == (0.5, 1.0, 1.0)
+        assert math.isnan(row["hedges_g"])
+        assert row["note"].endswith("no g, g_av or SD ratio: both samples constant")
 
 
 def test_comparison_families_are_a_hook_of_the_config() -> None:

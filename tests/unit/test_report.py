@@ -139,7 +139,11 @@ def test_tables_show_every_variant_flags_and_no_nan(report: tuple[str, ReportInp
     assert "### Family `configured`, `paper` reward" in comparisons
     assert "### Family `configured`, `shaped` reward" in comparisons
     assert "Welch not read: zero variance in silent and idle" in comparisons
-    assert "| permutation |" in comparisons
+    # Two constants, 1.0 and 0.9: p = 2 / 924 to two significant digits, and no g.
+    constant = next(line for line in comparisons.splitlines() if line.startswith("| silent |"))
+    assert "| studentized_permutation | 0.0022 |" in constant
+    assert "| n/a | n/a |" in constant  # Hedges' g and g_av
+    assert "no g, g_av or SD ratio: both samples constant" in constant
     power = section(text, "Power")
     assert "needs 64 episodes per cell to detect g = 0.5 with power 0.8" in power
     assert "| the paper | 30 |  | 0.48 | 0.74 |" in power

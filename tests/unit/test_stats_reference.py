@@ -17,7 +17,10 @@ Sources of the known values:
   Meta-Analysis, section 4.4 worked example (d = 0.5970, g = 0.5924, SE of g 0.2028).
 * Bonett's interval of the average-variance effect size: its coverage under unequal variances,
   by simulation.
-* Permutation tests: every split enumerated by hand, and scipy's ``permutation_test``.
+* The studentized permutation test (Janssen 1997; Chung & Romano 2013): every split enumerated
+  by hand on exact fractions, every split of 5 against 30 episodes enumerated by an independent
+  moment formula, and its type-I error where the unstudentized test's is about 0.4.
+* Constant samples: floating-point constants whose numpy variance is ~1e-32, not 0.
 * Brunner-Munzel: the example of Brunner & Munzel (2000) as scipy documents it (statistic
   3.1375), scipy's statistic on every split of a small pair.
 """
@@ -44,7 +47,11 @@ from coordgap.analysis.two_sample import (
     brunner_munzel_statistic,
     detectable_effect,
     hedges_g,
-    permutation_p,
+    is_constant,
+    sd_ratio,
+    studentized_permutation_p,
+    variance,
+    welch,
 )
 from coordgap.intervals import (
     bootstrap_difference_ci,
@@ -105,6 +112,8 @@ def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
     assert got["t"] == pytest.approx((a.mean() - b.mean()) / math.sqrt(va + vb), rel=1e-12)
     welch_dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
     assert got["dof"] == pytest.approx(welch_dof, rel=1e-12)
+    interval = welch(a, b).interval(0.95)
+    assert interval == pytest.approx(tuple(oracle.confidence_interval(0.95)), rel=1e-9)
 
 
 @pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
@@ -179,35 +188,114 @@ def _every_split_p(x: list[int], y: list[int], statistic) -> float:
     return count / total
 
 
-def _mean_difference(a: list[int], b: list[int]) -> Fraction:
-    return Fraction(sum(a), len(a)) - Fraction(sum(b), len(b))
+def _squared_welch_t(a: list[int], b: list[int]) -> Fraction | float:
+    """Welch's t², exactly: as extreme as |t|, and free of square roots."""
+
+    def moments(sample: list[int]) -> tuple[Fraction, Fraction]:
+        mean = Fraction(sum(sample), len(sample))
+        return mean, sum((v - mean) ** 2 for v in sample) / (len(sample) - 1)
+
+    (mean_a, var_a), (mean_b, var_b) = moments(a), moments(b)
+    spread = var_a / len(a) + var_b / len(b)
+    if spread == 0:  # two constants: as far apart as a split gets, unless equal
+        return math.inf if mean_a != mean_b else 0
+    return (mean_a - mean_b) ** 2 / spread
 
 
 @pytest.mark.parametrize(
     ("x", "y"),
-    [([3, 5, 9, 4], [1, 2, 2, 6, 0]), ([1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]), ([2, 2], [2, 2])],
+    [
+        ([3, 5, 9, 4], [1, 2, 2, 6, 0]),
+        ([1, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]),
+        ([2, 2], [2, 2]),
+        ([7, 1, 9], [4, 4, 4, 4, 5, 3, 4]),
+    ],
 )
-def test_the_exact_permutation_test_counts_every_split(x: list[int], y: list[int]) -> None:
-    got = permutation_p(np.array(x, float), np.array(y, float), seed=0)
-    assert got == pytest.approx(_every_split_p(x, y, _mean_difference), abs=1e-12)
+def test_the_exact_studentized_permutation_test_counts_every_split(
+    x: list[int], y: list[int]
+) -> None:
+    got = studentized_permutation_p(np.array(x, float), np.array(y, float), seed=0)
+    assert got == pytest.approx(_every_split_p(x, y, _squared_welch_t), abs=1e-12)
 
 
-def test_the_random_permutation_test_is_seeded_and_near_the_exact_one() -> None:
-    rng = np.random.default_rng(5)
-    x, y = rng.normal(0.4, 1, 9), rng.normal(0, 1, 9)  # 48,620 splits: more than 10,000
-    exact = scipy_stats.permutation_test(
-        (x, y),
-        lambda a, b, axis: np.abs(np.mean(a, axis=axis) - np.mean(b, axis=axis)),
-        permutation_type="independent",
-        alternative="greater",
-        n_resamples=np.inf,
-        vectorized=True,
-    ).pvalue
-    got = permutation_p(x, y, seed=1)
-    assert got == permutation_p(x, y, seed=1)
-    assert got != permutation_p(x, y, seed=2)
-    # 10,000 splits: a binomial SE of at most 0.005.
+# Five episodes with 6.7 times the SD of thirty, the shape of a 5-episode language model
+# against a 30-episode scripted one. Exact p: 0.0825 of Welch's t over all 324,632 splits;
+# 0.0011 of the raw mean difference (anti-conservative); Welch's t-test 0.10.
+FIVE = np.array([0.9, -0.2, 1.3, 0.1, 0.8])
+THIRTY = np.linspace(-0.15, 0.15, 30)
+
+
+def _every_split_welch_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Exact two-sided p of Welch's t over every split, from each split's sums of powers."""
+    pooled = np.concatenate([x, y])
+    n_a, n_b = x.size, y.size
+    chosen = np.fromiter(
+        itertools.chain.from_iterable(itertools.combinations(range(pooled.size), n_a)),
+        dtype=np.int64,
+    ).reshape(-1, n_a)
+    sum_a, squares_a = pooled[chosen].sum(axis=1), (pooled[chosen] ** 2).sum(axis=1)
+    sum_b, squares_b = pooled.sum() - sum_a, (pooled**2).sum() - squares_a
+    var_a = (squares_a - sum_a**2 / n_a) / (n_a - 1)
+    var_b = (squares_b - sum_b**2 / n_b) / (n_b - 1)
+    t = np.abs(sum_a / n_a - sum_b / n_b) / np.sqrt(var_a / n_a + var_b / n_b)
+    observed = abs(scipy_stats.ttest_ind(x, y, equal_var=False).statistic)
+    return float(np.mean(t >= observed * (1 - 1e-9)))
+
+
+def test_the_studentized_permutation_test_at_5_against_30_episodes_matches_every_split() -> None:
+    exact = _every_split_welch_p(FIVE, THIRTY)
+    assert exact == pytest.approx(0.0825, abs=5e-5)
+    got = studentized_permutation_p(FIVE, THIRTY, seed=1)
+    assert got == studentized_permutation_p(FIVE, THIRTY, seed=1)
+    assert got != studentized_permutation_p(FIVE, THIRTY, seed=2)
+    # 10,000 random splits: a binomial SE of 0.0028.
     assert got == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / 10_000) + 1e-4)
+
+
+def test_the_studentized_permutation_test_holds_its_level_under_unequal_variances() -> None:
+    """400 null pairs: 5 from N(0, 5) against 30 from N(0, 1), 999 random splits each.
+
+    The permutation test of the raw mean difference rejects about 40 % of such pairs at 0.05;
+    the permutation test of Welch's t about 6-8 % (asymptotically 5 %: Janssen 1997). 400
+    simulations give a binomial SE of 0.013, so 0.11 is 0.07 + 3 SE.
+    """
+    rng = np.random.default_rng(2027)
+    rejected = [
+        studentized_permutation_p(rng.normal(0, 5, 5), rng.normal(0, 1, 30), sim, 999) <= 0.05
+        for sim in range(400)
+    ]
+    assert np.mean(rejected) <= 0.11
+
+
+# Floating-point constants whose numpy variance is ~1e-32 rather than 0.
+CONSTANT_HIGH, CONSTANT_LOW = np.full(6, 0.7), np.full(6, 0.1)
+
+
+def test_constant_samples_have_exactly_zero_variance_and_no_effect_size() -> None:
+    assert CONSTANT_HIGH.var(ddof=1) > 0  # the rounding noise a variance test would read
+    assert is_constant(CONSTANT_HIGH)
+    assert variance(CONSTANT_HIGH) == 0.0
+    for low, high in ((CONSTANT_HIGH, CONSTANT_LOW), (CONSTANT_HIGH, CONSTANT_HIGH)):
+        assert all(math.isnan(v) for v in hedges_g(low, high, 0.95))
+        assert all(math.isnan(v) for v in average_sd_g(low, high, 0.95))
+        assert math.isnan(sd_ratio(low, high))
+        assert all(math.isnan(v) for v in (welch(low, high).t, welch(low, high).p))
+    # Two constants that differ: only this split and its mirror are as extreme, 2 of 924.
+    assert studentized_permutation_p(CONSTANT_HIGH, CONSTANT_LOW, seed=0) == pytest.approx(2 / 924)
+
+
+def test_one_constant_sample_keeps_defined_effect_sizes_over_the_other_ones_sd() -> None:
+    varied = np.array([0.1, 0.4, 0.2, 0.5, 0.3, 0.2])
+    assert sd_ratio(CONSTANT_HIGH, varied) == math.inf
+    g, _, _ = hedges_g(CONSTANT_HIGH, varied, 0.95)
+    pooled = math.sqrt(5 * varied.var(ddof=1) / 10)
+    assert g == pytest.approx((1 - 3 / (4 * 12 - 9)) * (0.7 - varied.mean()) / pooled)
+    g_av, _, _ = average_sd_g(CONSTANT_HIGH, varied, 0.95)
+    average = math.sqrt(varied.var(ddof=1) / 2)
+    assert g_av == pytest.approx((1 - 3 / (4 * 12 - 9)) * (0.7 - varied.mean()) / average)
+    test = welch(CONSTANT_HIGH, varied)
+    assert test.t == pytest.approx((0.7 - varied.mean()) / math.sqrt(varied.var(ddof=1) / 6))
+    assert test.dof == pytest.approx(5)
 
 
 def test_brunner_munzel_statistic_matches_the_published_example() -> None:

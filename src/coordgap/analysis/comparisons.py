@@ -5,12 +5,15 @@ Per family of comparisons, reward variant, pair and N (:func:`compare`):
 * the mean difference with its interval (Newcombe's when both samples are binary, the
   bootstrap's otherwise: ``coordgap.intervals.difference_interval``);
 * the test to read, in ``test`` and ``p``: Welch's t-test where its normal approximation holds,
-  the permutation test of the mean difference (``coordgap.analysis.two_sample``) where it does
-  not, i.e. when a sample has fewer than ``SMALL_CELL`` episodes or zero variance; both p-values
-  are kept (``welch_p``, ``permutation_p``) and ``note`` says why Welch is not the one to read;
+  the studentized permutation test (the permutation test of Welch's t,
+  ``coordgap.analysis.two_sample``) where it does not, i.e. when a sample has fewer than
+  ``SMALL_CELL`` episodes or is constant; both p-values are kept (``welch_p``,
+  ``permutation_p``) and ``note`` says why Welch is not the one to read. Studentizing keeps the
+  permutation test valid when the two SDs differ, as they do between models;
 * Hedges' g (pooled SD), the primary effect size, with its normal-approximation interval; beside
   it the SD ratio and the average-variance g with Bonett's interval, the one to read when the
-  SDs differ by more than ``SD_RATIO_LIMIT``;
+  SDs differ by more than ``SD_RATIO_LIMIT``. With both samples constant the three are
+  undefined (empty, and the note says so), whatever the means;
 * the smallest |g| the comparison could detect (``detectable_g``), in place of achieved power;
 * the probability of superiority with the Brunner-Munzel permutation test, in place of
   Mann-Whitney U, which tests stochastic order under equal shapes rather than what it reports;
@@ -27,7 +30,6 @@ can detect.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,8 +52,10 @@ from coordgap.analysis.two_sample import (
     brunner_munzel,
     detectable_effect,
     hedges_g,
-    permutation_p,
+    is_constant,
     sd_ratio,
+    studentized_permutation_p,
+    welch,
 )
 from coordgap.intervals import difference_interval, newcombe_interval
 
@@ -151,22 +155,10 @@ _TESTS = (
 )
 
 
-def _welch(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """Welch's t, its degrees of freedom and p; NaN when both samples are constant."""
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        return math.nan, math.nan, math.nan
-    with warnings.catch_warnings():
-        # scipy calls one constant sample a "precision loss"; its variance is exactly zero,
-        # which the formula handles, so the warning would only be noise.
-        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-        test = pg.ttest(x, y, correction=True).iloc[0]
-    return float(test["T"]), float(test["dof"]), float(test["p_val"])
-
-
 def _why_not_welch(x: np.ndarray, y: np.ndarray, names: tuple[str, str]) -> list[str]:
     """The reasons Welch's approximation does not hold for these samples (none: read Welch)."""
     reasons = []
-    constant = [name for name, sample in zip(names, (x, y), strict=True) if np.ptp(sample) == 0]
+    constant = [name for name, sample in zip(names, (x, y), strict=True) if is_constant(sample)]
     if constant:
         reasons.append("zero variance in " + " and ".join(constant))
     if min(x.size, y.size) < SMALL_CELL:
@@ -176,13 +168,13 @@ def _why_not_welch(x: np.ndarray, y: np.ndarray, names: tuple[str, str]) -> list
 
 @dataclass(frozen=True, slots=True)
 class MeanTest:
-    """Welch's t-test and the permutation test of a mean difference, and which one to read.
+    """Welch's t-test and the permutation test of Welch's t, and which one to read.
 
     Attributes:
         t: Welch's t (NaN when both samples are constant).
         dof: Its degrees of freedom.
         welch_p: Its p-value.
-        permutation_p: The permutation test's p-value.
+        permutation_p: The studentized permutation test's p-value.
         reasons: Why Welch's approximation does not hold (empty: read Welch).
     """
 
@@ -194,8 +186,8 @@ class MeanTest:
 
     @property
     def test(self) -> str:
-        """The test to read: ``welch`` or ``permutation``."""
-        return "permutation" if self.reasons else "welch"
+        """The test to read: ``welch`` or ``studentized_permutation``."""
+        return "studentized_permutation" if self.reasons else "welch"
 
     @property
     def p(self) -> float:
@@ -215,9 +207,10 @@ def mean_test(x: np.ndarray, y: np.ndarray, names: tuple[str, str], seed: int) -
     Returns:
         Both tests, and which one to read.
     """
-    t, dof, welch_p = _welch(x, y)
+    welch_test = welch(x, y)
     reasons = tuple(_why_not_welch(x, y, names))
-    return MeanTest(t, dof, welch_p, permutation_p(x, y, seed), reasons)
+    permutation = studentized_permutation_p(x, y, seed)
+    return MeanTest(welch_test.t, welch_test.dof, welch_test.p, permutation, reasons)
 
 
 def two_sample_tests(
@@ -232,8 +225,9 @@ def two_sample_tests(
         config: The comparisons' configuration (confidence, seed, power settings).
 
     Returns:
-        The values of ``_TESTS`` and a ``note``: why Welch is not the test to read, and when
-        the SDs differ by more than ``SD_RATIO_LIMIT``.
+        The values of ``_TESTS`` and a ``note``: why Welch is not the test to read, why the
+        effect sizes in SDs are undefined, and when the SDs differ by more than
+        ``SD_RATIO_LIMIT``.
     """
     seed = config.analysis.seed
     confidence = config.analysis.confidence
@@ -243,7 +237,11 @@ def two_sample_tests(
     ratio = sd_ratio(x, y)
     superiority, bm_p = brunner_munzel(x, y, seed)
     notes = [f"Welch not read: {'; '.join(tested.reasons)}"] if tested.reasons else []
-    if ratio > SD_RATIO_LIMIT:
+    if is_constant(x) and is_constant(y):
+        notes.append("no g, g_av or SD ratio: both samples constant")
+    elif math.isinf(ratio):
+        notes.append("one SD is 0: read g_av")
+    elif ratio > SD_RATIO_LIMIT:
         notes.append(f"SDs differ {ratio:.1f}x: read g_av")
     return {
         "test": tested.test,

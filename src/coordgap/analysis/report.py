@@ -115,9 +115,13 @@ def _interval(mean: float | None, low: float | None, high: float | None, digits:
 
 
 def _p_value(p: float | None) -> str:
-    if p is not None and p < 0.001:
+    # Two significant digits: the tables hold p to 6 places already, and a second rounding to
+    # 3 places would show 0.0015 as 0.002.
+    if p is None or math.isnan(p):
+        return _MISSING
+    if p < 0.001:
         return "<0.001"
-    return _number(p)
+    return f"{p:#.2g}"
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -177,15 +181,17 @@ def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str
         f"({config.bootstrap_resamples} resamples, seed {config.seed}; each sample resampled on "
         "its own), and a normal approximation with the Hedges-Olkin standard error for Hedges' "
         "g. Pairs of models are compared with Welch's t-test, or, where a sample has fewer "
-        f"than {SMALL_CELL} episodes or zero variance, with the permutation test of the mean "
-        f"difference (exact, or {PERMUTATION_RESAMPLES:,} splits seeded with the seed above), "
-        "which assumes only "
-        "that the two models' episodes are exchangeable under the null; the Brunner-Munzel "
+        f"than {SMALL_CELL} episodes or is constant, with the studentized permutation test "
+        f"(the permutation test of Welch's t; exact, or {PERMUTATION_RESAMPLES:,} splits "
+        "seeded with the seed above), which is exact when the two models' episodes are "
+        "exchangeable under the null and, unlike the permutation test of the raw mean "
+        "difference, stays valid for equal means with unequal SDs; the Brunner-Munzel "
         "permutation test of the probability of superiority assumes no equal shapes. Holm's "
         "correction runs within each family of comparisons and reward variant. Beside each "
         "comparison stands the smallest |g| a two-sided two-sample t-test of its sizes detects "
         f"at alpha {power.alpha:g} with power {power.power:g}: a difference smaller than that "
-        "is one the comparison could not see, whatever its p. Undefined statistics read n/a. "
+        "is one the comparison could not see, whatever its p. Undefined statistics read n/a: "
+        "an effect size in SDs is undefined when both samples are constant. "
         "The monitors' thresholds: "
         + "; ".join(
             f"{name} {monitors.thresholds[check.share]:g}" for name, check in MONITORS.items()
@@ -274,12 +280,13 @@ def _comparisons_section(comparisons: pl.DataFrame) -> str:
     parts = [
         f"{intro}\n\nA - B on per-episode reward. The difference's interval is Newcombe's when "
         "both samples are binary (every reward 0 or 1), the bootstrap's otherwise. *Test* is "
-        "the test to read: Welch's t-test, or the permutation test of the mean difference "
-        f"where a sample has fewer than {SMALL_CELL} episodes or zero variance (the note says "
+        "the test to read: Welch's t-test, or the studentized permutation test (of Welch's t) "
+        f"where a sample has fewer than {SMALL_CELL} episodes or is constant (the note says "
         "which); Welch's t stays beside it. Holm's correction runs within each family and "
         "variant. Hedges' g uses the pooled SD (the paper's effect size) with a normal-"
         "approximation interval; g_av uses the average-variance SD with Bonett's interval, "
-        "the one to read when the SDs differ by more than twice. *Detectable g* is the "
+        "the one to read when the SDs differ by more than twice; both are n/a when both samples "
+        "are constant. *Detectable g* is the "
         "smallest |g| a t-test of these sizes detects with the configured power. P(A > B) is "
         "the probability of superiority (ties count half), tested by the Brunner-Munzel "
         "permutation test."
@@ -374,10 +381,11 @@ def seeds_section(
         parts.append(
             "### Seed-level comparisons\n\nThe study's primary family "
             "(`analysis.seed_comparisons`), Holm-corrected over its pairs at each N and "
-            "reward. Against an arm: Welch's t over seed means; against a model: the "
-            "one-sample t over each seed's difference from the model's mean, held fixed. The "
-            "exact permutation test beside it assumes only exchangeable seeds, and cannot go "
-            "below its minimum with so few. Detectable: the smallest difference a two-sample "
+            "reward. Against an arm: Welch's t over seed means; against a model: Welch's t of "
+            "the seed means against the model's episodes, so that the model's own noise is in "
+            "the interval. The permutation test of Welch's t beside it is exact for "
+            "exchangeable values, and cannot go below its minimum with so few. Detectable: the "
+            "smallest difference a two-sample "
             "t-test of the pooled episodes detects (`analysis.power`), in reward units.\n\n"
             + _table(
                 [

@@ -14,17 +14,22 @@ Per pair of ``analysis.seed_comparisons`` (:func:`seed_comparisons`), an arm's s
 ``<arm>@<policy>`` against another or against a model, at every N and variant both played:
 
 * arm vs arm: the difference of the seed means' means, Welch's t over the seed means, and the
-  exact permutation test of that difference over every split of the seeds;
-* arm vs model (e.g. the base model): each seed's difference from the model's cell mean, the
-  one-sample t over those differences and the exact sign-flip test. The model's cell is held
-  fixed: its own sampling noise is not in the interval.
+  exact studentized permutation test (of Welch's t) over every split of the seeds;
+* arm vs model (e.g. the base model): the arm's seed means against the model's episodes, by
+  Welch's t and the studentized permutation test over every split of the seed means and the
+  episodes. The model's cell mean is an estimate too (6 episodes of a binary reward: an SE near
+  0.2, as large as the seeds'), and Welch's SE carries both: the seeds' spread over S and the
+  model's episode variance over its episodes.
 
-The t tests assume normal seed means; the permutation tests assume only exchangeable seeds but
-cannot go below ``min_p`` (3 seeds against 3: 0.1; 3 seeds against a model: 0.25), which the
-note states. Beside them, ``pooled_*``: the same pair compared on the pooled episodes as
-``analysis.comparisons`` compares models, with the smallest effect a two-sample t-test of
-those sizes detects (``analysis.power``'s alpha and power): as Hedges' g, and in reward units
-as that g times the two samples' pooled SD, the bound a null result puts on the difference.
+The t tests assume near-normal means; the permutation tests are exact where both sides'
+values are exchangeable and, being studentized, asymptotically valid for equal means with
+unequal variances (seed means and single episodes have different ones), but they cannot go
+below ``min_p`` (3 seeds against 3: 0.1; 3 seeds against 6 episodes: 1/84), which the note
+states when it is above 0.05. Beside them, ``pooled_*``: the same pair compared on the pooled
+episodes as ``analysis.comparisons`` compares models, with the smallest effect a two-sample
+t-test of those sizes detects (``analysis.power``'s alpha and power): as Hedges' g, and in
+reward units as that g times the two samples' pooled SD, the bound a null result puts on the
+difference.
 Holm's correction runs over the pairs at each N and variant (``p_holm``, of the t test's p):
 the list is the study's primary family.
 """
@@ -43,9 +48,9 @@ from coordgap.analysis.comparisons import holm, mean_test
 from coordgap.analysis.stats import OK, load_episodes, with_rewards, write_csv
 from coordgap.analysis.two_sample import (
     detectable_effect,
-    permutation_p,
     pooled_sd,
-    sign_flip_p,
+    studentized_permutation_p,
+    welch,
 )
 
 if TYPE_CHECKING:
@@ -209,40 +214,23 @@ def _samples(rewarded: pl.DataFrame, variant: str) -> dict[tuple[str, int], np.n
     }
 
 
-def _arm_vs_arm(x: np.ndarray, y: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
-    """Welch's t over two arms' seed means, and the exact permutation test of their seeds."""
-    diff = float(x.mean() - y.mean())
-    row: dict[str, Any] = {"test": "welch_seeds", "diff": diff}
-    row["permutation_p"] = permutation_p(x, y, config.seed)
-    # The extreme split and its mirror are equally extreme when the arms have as many seeds.
-    row["min_p"] = (2 if x.size == y.size else 1) / math.comb(x.size + y.size, x.size)
-    if min(x.size, y.size) < 2 or (np.ptp(x) == 0 and np.ptp(y) == 0):
-        return row | {"note": "no t test: an arm with one seed, or no spread between seeds"}
-    welch = scipy_stats.ttest_ind(x, y, equal_var=False)
-    low, high = welch.confidence_interval(config.confidence)
+def _welch_row(x: np.ndarray, y: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
+    """Welch's t of A's seed means against B's values, and the permutation test of that t."""
+    row: dict[str, Any] = {"diff": float(x.mean() - y.mean())}
+    row["permutation_p"] = studentized_permutation_p(x, y, config.seed)
+    # The extreme split and its mirror are equally extreme when both sides have as many values.
+    splits = math.comb(x.size + y.size, x.size)
+    row["min_p"] = (
+        math.nan if math.isnan(row["permutation_p"]) else (2 if x.size == y.size else 1) / splits
+    )
+    test = welch(x, y)
+    if math.isnan(test.t):
+        return row | {"note": "no t test: a side with one value, or no spread on either side"}
+    low, high = test.interval(config.confidence)
     return row | {
-        "t": float(welch.statistic),
-        "dof": float(welch.df),
-        "p": float(welch.pvalue),
-        "diff_ci_low": float(low),
-        "diff_ci_high": float(high),
-    }
-
-
-def _arm_vs_model(x: np.ndarray, model_mean: float, config: AnalysisConfig) -> dict[str, Any]:
-    """The one-sample t over each seed's difference from a fixed model, and the sign flips."""
-    differences = x - model_mean
-    row: dict[str, Any] = {"test": "one_sample_seeds", "diff": float(differences.mean())}
-    row["permutation_p"] = sign_flip_p(differences)
-    row["min_p"] = 2 / 2**differences.size
-    if differences.size < 2 or np.ptp(differences) == 0:
-        return row | {"note": "no t test: one seed, or no spread between seeds"}
-    test = scipy_stats.ttest_1samp(differences, 0.0)
-    low, high = _t_interval(differences, config.confidence)
-    return row | {
-        "t": float(test.statistic),
-        "dof": float(differences.size - 1),
-        "p": float(test.pvalue),
+        "t": test.t,
+        "dof": test.dof,
+        "p": test.p,
         "diff_ci_low": low,
         "diff_ci_high": high,
     }
@@ -281,7 +269,12 @@ def seed_comparisons(
             for a, b in pairs:
                 side_a, side_b = arm_sides[a], side(b, arm_sides)
                 x = np.array(_means(samples, side_a.models, n))
-                y = np.array(_means(samples, side_b.models, n))
+                # A model's own episodes, so that its sampling noise enters the comparison.
+                y = (
+                    np.array(_means(samples, side_b.models, n))
+                    if side_b.is_arm
+                    else _pooled(samples, side_b.models, n)
+                )
                 if x.size and y.size:
                     key = {"variant": str(variant), "n": n, "a": a, "b": b}
                     group.append(key | _seed_row(x, y, side_b.is_arm, config))
@@ -295,8 +288,9 @@ def seed_comparisons(
 def _seed_row(
     x: np.ndarray, y: np.ndarray, b_is_arm: bool, config: AnalysisConfig
 ) -> dict[str, Any]:
-    """The seed-level comparison of an arm's seed means with another arm's or a model's."""
+    """An arm's seed means compared with another arm's seed means or with a model's episodes."""
     row: dict[str, Any] = {
+        "test": "welch_seeds" if b_is_arm else "welch_seeds_vs_episodes",
         "seeds_a": x.size,
         "seeds_b": y.size if b_is_arm else None,
         "mean_a": float(x.mean()),
@@ -307,7 +301,7 @@ def _seed_row(
         "diff_ci_low": math.nan,
         "diff_ci_high": math.nan,
     }
-    row |= _arm_vs_arm(x, y, config) if b_is_arm else _arm_vs_model(x, float(y[0]), config)
+    row |= _welch_row(x, y, config)
     notes = [row.pop("note")] if "note" in row else []
     if row["min_p"] > 0.05:
         notes.append(f"the permutation test cannot go below p = {row['min_p']:.3g}")

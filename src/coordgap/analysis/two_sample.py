@@ -1,17 +1,24 @@
-"""Two-sample statistics that hold at the sample sizes a CPU study affords (6 to 60 episodes).
+"""Two-sample statistics that hold at the sample sizes a CPU study affords (3 to 60 values).
 
-Each function compares two samples of per-episode rewards, ``x`` (model A) and ``y`` (model B),
-and says what it assumes:
+Each function compares two samples, ``x`` (A) and ``y`` (B): per-episode rewards of two models,
+or seed means of two arms, or an arm's seed means against a model's episodes. It says what it
+assumes. A sample is *constant* when all its values are equal (:func:`is_constant`); its
+variance is then exactly 0 (:func:`variance`), not the ~1e-32 that floating-point sums give, and
+every statistic below reads it that way. Rewards reach here rounded
+(``coordgap.env.variants.REWARD_DECIMALS``), so outcomes equal up to rounding noise are equal.
 
-* :func:`permutation_p`: the permutation test of the mean difference. It assumes only that the
-  episodes of both models are exchangeable under the null (the same distribution), so it stays
-  valid for tiny samples, ties and a sample with zero variance, where Welch's t-test treats a
-  constant sample's mean as known and its p-value is far too small. Exact (every split of the
-  pooled episodes) when there are at most ``PERMUTATION_RESAMPLES`` splits, else that many
-  seeded random splits with the +1 correction that keeps the p-value valid.
-* :func:`sign_flip_p`: the exact sign-flip test that paired differences (a few training seeds'
-  differences from a fixed model) are centred on 0; it assumes only that each difference is as
-  likely negative as positive under the null.
+* :func:`welch`: Welch's t-test with its Welch-Satterthwaite interval of the mean difference.
+  It assumes the means' sampling distributions are near normal; with a constant sample it treats
+  that sample's mean as known.
+* :func:`studentized_permutation_p`: the permutation test of Welch's t (Janssen 1997, Stat.
+  Probab. Lett. 36:9; Chung & Romano 2013, Ann. Stat. 41:484). Exact under exchangeability
+  (both samples from one distribution), like any permutation test; unlike the permutation test
+  of the raw mean difference it also stays asymptotically valid for equal means with unequal
+  variances and unequal sizes, where the raw difference's permutation distribution borrows the
+  pooled variance and its p-value is far too small (5 episodes with 5 times the SD of 30 others:
+  about a third of null pairs reject at 0.05). Exact (every split of the pooled values) when
+  there are at most ``PERMUTATION_RESAMPLES`` splits, else that many seeded random splits with
+  the +1 correction that keeps the p-value valid.
 * :func:`brunner_munzel`: the probability of superiority P(A > B) + P(A = B) / 2 and the
   Brunner-Munzel test that it is 1/2. Unlike the Mann-Whitney U test it does not assume equal
   shapes, so it tests what it reports. Its p-value is the studentized permutation test of
@@ -29,18 +36,21 @@ and says what it assumes:
   detects with the given power: what a comparison could have seen, in place of the "achieved
   power" at the observed effect, which is only a restatement of its p-value.
 
-Every function returns NaN where its statistic is undefined, never a made-up value.
+Every function returns NaN where its statistic is undefined, never a made-up value: an effect
+size in SDs is undefined when both samples are constant, whatever their means.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pingouin as pg
+from scipy import stats as scipy_stats
 from scipy.stats import rankdata
 
 if TYPE_CHECKING:
@@ -94,43 +104,110 @@ def _permutation_p(
     return (extreme + 1) / (len(orders) + 1)
 
 
-def _mean_difference(rows: np.ndarray, first: int) -> np.ndarray:
-    return rows[:, :first].mean(axis=1) - rows[:, first:].mean(axis=1)
+def is_constant(sample: np.ndarray) -> bool:
+    """Whether every value of a sample is the same: the one definition of zero variance."""
+    return bool(np.ptp(sample) == 0)
 
 
-def permutation_p(
-    x: np.ndarray, y: np.ndarray, seed: int, resamples: int = PERMUTATION_RESAMPLES
-) -> float:
-    """Permutation test of ``mean(x) - mean(y)``, two-sided.
+def variance(sample: np.ndarray) -> float:
+    """The sample variance (ddof 1): exactly 0 for a constant sample.
 
     Args:
-        x: Sample A (at least one value).
-        y: Sample B (at least one value).
+        sample: At least two values.
+
+    Returns:
+        The variance; ``np.var`` of a constant float sample is ~1e-32, not 0, and would divide
+        an effect size into ~1e15.
+    """
+    return 0.0 if is_constant(sample) else float(sample.var(ddof=1))
+
+
+@dataclass(frozen=True, slots=True)
+class Welch:
+    """Welch's t-test of ``mean(x) - mean(y)``; every field NaN where it is undefined.
+
+    Attributes:
+        diff: The mean difference.
+        se: Its standard error, sqrt(s_A² / n_A + s_B² / n_B).
+        t: Welch's t, ``diff / se``.
+        dof: The Welch-Satterthwaite degrees of freedom.
+        p: The two-sided p-value.
+    """
+
+    diff: float
+    se: float
+    t: float
+    dof: float
+    p: float
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The Welch-Satterthwaite interval of the mean difference at this coverage."""
+        half = float(scipy_stats.t.ppf((1 + confidence) / 2, self.dof)) * self.se
+        return self.diff - half, self.diff + half
+
+
+def welch(x: np.ndarray, y: np.ndarray) -> Welch:
+    """Welch's t-test of two samples.
+
+    Args:
+        x: Sample A.
+        y: Sample B.
+
+    Returns:
+        The test; NaN throughout when a sample has fewer than two values or both are constant.
+    """
+    if min(x.size, y.size) < 2 or (is_constant(x) and is_constant(y)):
+        return Welch(math.nan, math.nan, math.nan, math.nan, math.nan)
+    var_x, var_y = variance(x) / x.size, variance(y) / y.size
+    dof = (var_x + var_y) ** 2 / (var_x**2 / (x.size - 1) + var_y**2 / (y.size - 1))
+    diff = float(x.mean() - y.mean())
+    se = math.sqrt(var_x + var_y)
+    t = diff / se
+    return Welch(diff, se, t, dof, 2 * float(scipy_stats.t.sf(abs(t), dof)))
+
+
+def _row_means(rows: np.ndarray, constant: np.ndarray) -> np.ndarray:
+    """Each row's mean; a constant row's is its value, not a sum's rounding of it."""
+    return np.where(constant, rows[:, 0], rows.mean(axis=1))
+
+
+def welch_statistic(rows: np.ndarray, first: int) -> np.ndarray:
+    """Welch's t of every row of pooled values whose first ``first`` columns are sample A.
+
+    A row in which both samples are constant has no spread: its t is 0 when their values are
+    equal and infinite otherwise, as complete separation of two constants is the most extreme
+    split there is.
+    """
+    a, b = rows[:, :first], rows[:, first:]
+    constant_a, constant_b = np.ptp(a, axis=1) == 0, np.ptp(b, axis=1) == 0
+    shift = _row_means(a, constant_a) - _row_means(b, constant_b)
+    var_a = np.where(constant_a, 0.0, a.var(axis=1, ddof=1)) / a.shape[1]
+    var_b = np.where(constant_b, 0.0, b.var(axis=1, ddof=1)) / b.shape[1]
+    spread = np.sqrt(var_a + var_b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(
+            spread > 0, shift / spread, np.where(shift == 0, 0.0, np.sign(shift) * np.inf)
+        )
+
+
+def studentized_permutation_p(
+    x: np.ndarray, y: np.ndarray, seed: int, resamples: int = PERMUTATION_RESAMPLES
+) -> float:
+    """The permutation test of Welch's t of ``mean(x) - mean(y)``, two-sided.
+
+    Args:
+        x: Sample A (at least two values).
+        y: Sample B (at least two values).
         seed: Seed of the random splits, used only when the test is not exact.
         resamples: The most splits enumerated exactly, and the random splits drawn otherwise.
 
     Returns:
-        The p-value: the share of splits whose |difference| is at least the observed one.
+        The p-value: the share of splits whose |Welch's t| is at least the observed one; NaN
+        when a sample has fewer than two values, which have no variance to studentize by.
     """
-    return _permutation_p(x, y, _mean_difference, resamples, seed)
-
-
-def sign_flip_p(differences: np.ndarray) -> float:
-    """Exact two-sided sign-flip test that the differences are centred on 0.
-
-    Under the null each difference is as likely negative as positive; the p-value is the share
-    of the 2^S sign patterns whose |mean| is at least the observed |mean|.
-
-    Args:
-        differences: At least one difference.
-
-    Returns:
-        The p-value.
-    """
-    observed = abs(differences.mean())
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=differences.size)))
-    flipped = np.abs((signs * differences).mean(axis=1))
-    return float(np.mean(flipped >= observed - _TIE_TOLERANCE * (1 + observed)))
+    if min(x.size, y.size) < 2:
+        return math.nan
+    return _permutation_p(x, y, welch_statistic, resamples, seed)
 
 
 def brunner_munzel_statistic(rows: np.ndarray, first: int) -> np.ndarray:
@@ -199,7 +276,7 @@ def pooled_sd(x: np.ndarray, y: np.ndarray) -> float:
         The pooled SD.
     """
     n_a, n_b = x.size, y.size
-    return math.sqrt(((n_a - 1) * x.var(ddof=1) + (n_b - 1) * y.var(ddof=1)) / (n_a + n_b - 2))
+    return math.sqrt(((n_a - 1) * variance(x) + (n_b - 1) * variance(y)) / (n_a + n_b - 2))
 
 
 def hedges_g(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, float, float]:
@@ -211,7 +288,7 @@ def hedges_g(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, fl
         confidence: Coverage of the interval, e.g. 0.95.
 
     Returns:
-        g and the interval's bounds; NaN when both samples have zero variance.
+        g and the interval's bounds; NaN when both samples are constant.
     """
     n_a, n_b = x.size, y.size
     pooled = pooled_sd(x, y)
@@ -237,25 +314,25 @@ def average_sd_g(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float
         confidence: Coverage of the interval, e.g. 0.95.
 
     Returns:
-        The estimate and the interval's bounds; NaN when both samples have zero variance.
+        The estimate and the interval's bounds; NaN when both samples are constant.
     """
     n_a, n_b = x.size, y.size
-    var_a, var_b = x.var(ddof=1), y.var(ddof=1)
+    var_a, var_b = variance(x), variance(y)
     average = (var_a + var_b) / 2
     if average == 0:
         return math.nan, math.nan, math.nan
     d = (x.mean() - y.mean()) / math.sqrt(average)
-    variance = (
+    variance_d = (
         d * d * (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1)) / (8 * average**2)
         + (var_a / (n_a - 1) + var_b / (n_b - 1)) / average
     )
-    half = _z(confidence) * math.sqrt(variance)
+    half = _z(confidence) * math.sqrt(variance_d)
     return float(_correction(n_a, n_b) * d), float(d - half), float(d + half)
 
 
 def sd_ratio(x: np.ndarray, y: np.ndarray) -> float:
-    """The larger sample SD over the smaller; infinite when only one sample varies."""
-    spreads = sorted((float(x.std(ddof=1)), float(y.std(ddof=1))))
+    """The larger sample SD over the smaller; infinite when only one is 0, NaN when both are."""
+    spreads = sorted(math.sqrt(variance(sample)) for sample in (x, y))
     if spreads[1] == 0:
         return math.nan
     return spreads[1] / spreads[0] if spreads[0] > 0 else math.inf

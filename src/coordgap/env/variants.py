@@ -58,6 +58,11 @@ class RewardWeights:
         return cls(**{name: float(value) for name, value in reward["weights"].items()})
 
 
+# Rewards are rounded to this many places: two episodes with the same outcome whose weighted
+# sums differ by floating-point noise (~1e-16) must get the same reward, or GRPO's advantages,
+# a rank test's ties and a sample's "zero variance" would tell them apart.
+REWARD_DECIMALS = 9
+
 # Each weighted component enters the reward with this sign: two rewards, then two penalties.
 # The keys are the fields of RewardWeights.
 SIGNS: dict[str, float] = {"nd": 1.0, "thru": 1.0, "fair": -1.0, "idle": -1.0}
@@ -140,10 +145,10 @@ def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
 
     Returns:
         A float expression named ``reward``: the signed, weighted sum of
-        :func:`component_exprs`.
+        :func:`component_exprs`, rounded to ``REWARD_DECIMALS`` places.
     """
     terms = [
         SIGNS[name] * getattr(weights, name) * expr
         for name, expr in component_exprs(variant).items()
     ]
-    return reduce(operator.add, terms).alias("reward")
+    return reduce(operator.add, terms).round(REWARD_DECIMALS).alias("reward")

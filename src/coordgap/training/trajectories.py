@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
     from coordgap.config.training import TrainingRunConfig
 
-# Rewards are rounded before ART computes advantages: rewards equal but for floating-point
-# noise would otherwise get a standard deviation of ~1e-17 and full-size advantages.
-REWARD_DECIMALS = 9
-
 
 class DecisionChoice(Choice):
     """A constrained decision as ART trains it: one position, the six-way choice's log-prob.
@@ -144,7 +140,7 @@ def philosopher_trajectory(
 
 
 def episode_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int, float]:
-    """Each episode's reward under the run's trained variant and weights, rounded.
+    """Each episode's reward under the run's trained variant and weights, rounded (``reward_expr``).
 
     Args:
         episodes: An episode table (``coordgap.data.EPISODE_SCHEMA``).
@@ -154,7 +150,7 @@ def episode_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int,
         ``{episode index: reward}`` for the episodes with status ``ok``.
     """
     rewarded = episodes.filter(pl.col("status") == "ok").select(
-        "episode", reward_expr(run.variant, run.weights).round(REWARD_DECIMALS)
+        "episode", reward_expr(run.variant, run.weights)
     )
     return dict(zip(rewarded["episode"].to_list(), rewarded["reward"].to_list(), strict=True))
 
