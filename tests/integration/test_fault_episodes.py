@@ -216,15 +216,20 @@ def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
     _assert_secret_nowhere(project, output)
 
 
+def _dead_endpoint() -> str:
+    """The base URL of a port nobody listens on: every call is refused, as by a dead server."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+
+
 def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     tmp_path, tiny_config, monkeypatch
 ):
     monkeypatch.setenv(KEY_VARIABLE, SECRET)
-    # A port nobody listens on: every call is refused, as by an endpoint that is down.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        base_url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-    config = _config(tiny_config, base_url, max_retries=0)
+    base_url = _dead_endpoint()
+    # A breaker that never trips: every decision is tried, and the cell's errors fail it.
+    config = _config(tiny_config, base_url, max_retries=0, stop_after_failures=1000)
     config["experiment"]["max_error_share"] = 0.05
     project = copy_workflow(tmp_path / "project", config)
     result = run(
@@ -234,13 +239,33 @@ def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     assert result.returncode != 0
     assert not (project / "results/episodes/faulty/n3.parquet").exists()
     log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
-    assert "faulty n=3: 6 of 6 episodes ended in error" in log
+    # The final message names the endpoint and the model, not only the warnings above it.
+    assert f"faulty n=3 ({base_url}, model 'faulty-model'): 6 of 6 episodes ended in error" in log
     assert re.search(r"failed calls: \d+ x \w*ConnectionError", log)
-    # Every warning of a failed call names the endpoint and the model.
-    assert f"{base_url}, model 'faulty-model': no decision after 1 attempt(s)" in log
+    # The first failed call is a warning naming the endpoint and the model; the rest are
+    # counted (at the 10th, 100th, ...), not logged one by one.
+    assert log.count(f"{base_url}, model 'faulty-model': no decision after 1 attempt(s)") == 1
+    assert f"{base_url}, model 'faulty-model': 10 calls have failed with" in log
     # Nothing was kept: a rerun plays all six again.
     journal = project / "results/episodes/faulty/n3.partial"
     assert not list(journal.glob("e*.parquet"))
+    _assert_secret_nowhere(project, output)
+
+
+def test_a_dead_endpoint_stops_its_job_after_a_few_calls(tmp_path, tiny_config, monkeypatch):
+    monkeypatch.setenv(KEY_VARIABLE, SECRET)
+    base_url = _dead_endpoint()
+    project = copy_workflow(tmp_path / "project", _config(tiny_config, base_url))
+    result = run(
+        project, "snakemake", "--cores", "1", "results/episodes/faulty/n3.parquet", check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
+    stop = f"{base_url}, model 'faulty-model': 3 calls in a row went unanswered after their retries"
+    assert stop in log
+    assert stop in output
+    assert log.count("no decision after") == 1
     _assert_secret_nowhere(project, output)
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 BASE = {
     "seed": 1,
     "models": {"a": {"kind": "scripted", "policy": "random"}, "b": {"kind": "local"}},
-    "sizes": [5, 10],
+    "tracking": "none",
 }
 
 
@@ -32,7 +32,7 @@ def _write(folder, name: str, keys: dict) -> str:
 
 
 def test_mappings_merge_key_by_key_and_the_rest_replaces():
-    overlay = {"models": {"a": {"policy": "silent"}, "c": {"kind": "scripted"}}, "sizes": [5]}
+    overlay = {"models": {"a": {"policy": "silent"}, "c": {"kind": "scripted"}}, "tracking": "w"}
     merged = merge(BASE, overlay)
     assert merged == {
         "seed": 1,
@@ -41,7 +41,7 @@ def test_mappings_merge_key_by_key_and_the_rest_replaces():
             "b": {"kind": "local"},
             "c": {"kind": "scripted"},
         },
-        "sizes": [5],
+        "tracking": "w",
     }
     # The base's keys keep their order, a new one comes after; neither input changes.
     assert list(merged["models"]) == ["a", "b", "c"]
@@ -66,11 +66,11 @@ def test_replacing_a_key_the_overlay_does_not_set_is_refused():
 def test_files_resolve_through_their_base_chain_then_in_order_then_overrides(tmp_path):
     _write(tmp_path, "default.yaml", BASE)
     # A base is relative to the file naming it, not to where the command runs.
-    _write(tmp_path, "studies/mid.yaml", {"base": "../default.yaml", "seed": 2, "sizes": [15]})
+    _write(tmp_path, "studies/mid.yaml", {"base": "../default.yaml", "seed": 2, "tracking": "w"})
     top = _write(tmp_path, "studies/top.yaml", {"base": "mid.yaml", "seed": 3})
     tweak = _write(tmp_path, "tweak.yaml", {"replace": ["models"], "models": {"c": {}}})
-    resolved = resolve([top, tweak], {"sizes": [20]})
-    assert resolved.config == {"seed": 3, "models": {"c": {}}, "sizes": [20]}
+    resolved = resolve([top, tweak], {"tracking": "mlflow"})
+    assert resolved.config == {"seed": 3, "models": {"c": {}}, "tracking": "mlflow"}
     assert [path.name for path in resolved.files] == [
         "default.yaml",
         "mid.yaml",
@@ -123,6 +123,19 @@ def test_an_unknown_key_of_an_overlay_is_named_by_the_schema(tmp_path):
     config = resolve([study]).config
     with pytest.raises(WorkflowError, match="evry"):
         check_schema(copy.deepcopy(config))
+
+
+def test_an_unknown_top_level_key_is_named_with_its_file_and_the_known_keys(tmp_path):
+    study = _write(tmp_path, "study.yaml", {"base": str(ROOT / "config" / "config.yaml"), "sed": 1})
+    with pytest.raises(ConfigError) as raised:
+        resolve([study])
+    message = str(raised.value)
+    assert message.startswith(f"{study}: config key 'sed' is unknown")
+    assert "seed, scenarios, environment" in message
+    # One line, not the schema's and config's dump.
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="--config: config key 'sed' is unknown"):
+        resolve([str(ROOT / "config" / "config.yaml")], {"sed": 1})
 
 
 def test_coordgap_config_writes_the_resolved_study_with_its_overrides(tmp_path):

@@ -70,15 +70,26 @@ def generate_cell(
         Preempted: A signal stopped the cell; finished episodes are journalled.
         EndpointAuthError: The model's endpoint refused its API key.
         EndpointRequestError: The endpoint refused a request in a way no retry can change.
+        EndpointUnavailable: Consecutive calls went unanswered (``coordgap.policies.breaker``).
         CellErrors: Too many episodes ended in ``error``.
         ServerStartError: A served model's server did not start.
     """
     cell = Cell(
         model.name, n, env, episodes, base_seed, first_scenario, model.settings(), checkpoint
     )
-    opened = open_policy_factory(played_as or model, env, templates, weights, serve_host)
+    played = played_as or model
+    opened = open_policy_factory(played, env, templates, weights, serve_host)
     with opened as (make_policy, max_in_flight):
         preemption.run(
-            run_cell(cell, outputs, make_policy, max_in_flight, progress, max_error_share, merge)
+            run_cell(
+                cell,
+                outputs,
+                make_policy,
+                max_in_flight,
+                progress,
+                max_error_share,
+                merge,
+                played.calls_to,
+            )
         )
     return cell

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import cache
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from langgraph.graph import END, START, StateGraph
 
@@ -28,11 +28,35 @@ from coordgap.episodes import EpisodeRecorder
 from coordgap.policies.base import AsyncPolicy, Decision  # noqa: TC001
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     import numpy as np
     from langgraph.graph.state import CompiledStateGraph
 
     from coordgap.config.play import EnvironmentConfig
     from coordgap.episodes import EpisodeLog
+
+T = TypeVar("T")
+
+
+async def gather_or_cancel(*awaitables: Awaitable[T]) -> list[T]:
+    """Await all of ``awaitables``; when one raises, cancel the rest before raising it.
+
+    ``asyncio.gather`` leaves the others running when one raises: calls to an endpoint that
+    stopped the job (``EndpointUnavailable``) would go on waiting on it, and episodes go on
+    playing, until the event loop closes.
+
+    Returns:
+        Their results, in order.
+    """
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class PhilosopherState(TypedDict):
@@ -103,7 +127,7 @@ async def _decide_together(state: TableState) -> dict[str, Any]:
         _philosopher_input(state, recorder.observe(seat), acts_alone=False)
         for seat in range(recorder.table.n)
     ]
-    outputs = await asyncio.gather(*(philosopher_graph().ainvoke(i) for i in inputs))
+    outputs = await gather_or_cancel(*(philosopher_graph().ainvoke(i) for i in inputs))
     return {"decisions": [out["decision"] for out in outputs]}
 
 

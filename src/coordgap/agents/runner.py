@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from tqdm import tqdm
 
-from coordgap.agents.graphs import play_episode_graph
+from coordgap.agents.graphs import gather_or_cancel, play_episode_graph
 from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, write_parquet_atomic
 from coordgap.resume import ResumeFolder
 
@@ -65,6 +65,8 @@ class CellErrors(RuntimeError):
 
     Args:
         label: The cell, e.g. ``gpt-5.4 n=5``.
+        calls_to: The endpoint and model its calls went to (``ModelSpec.calls_to``); None
+            when unknown or in the job.
         errors: Error episodes in the cell.
         episodes: Episodes in the cell.
         max_error_share: The share of error episodes a cell may have.
@@ -73,11 +75,18 @@ class CellErrors(RuntimeError):
     """
 
     def __init__(
-        self, label: str, errors: int, episodes: int, max_error_share: float, kinds: Counter[str]
+        self,
+        label: str,
+        calls_to: str | None,
+        errors: int,
+        episodes: int,
+        max_error_share: float,
+        kinds: Counter[str],
     ) -> None:
         counted = ", ".join(f"{count} x {kind}" for kind, count in kinds.most_common())
+        where = "" if calls_to is None else f" ({calls_to})"
         super().__init__(
-            f"{label}: {errors} of {episodes} episodes ended in error, more than "
+            f"{label}{where}: {errors} of {episodes} episodes ended in error, more than "
             f"experiment.max_error_share = {max_error_share} allows; failed calls: {counted}. "
             "The error episodes were dropped from the journal, the others kept: a rerun plays "
             "only the ones that failed."
@@ -192,6 +201,7 @@ async def run_cell(
     progress: bool = True,
     max_error_share: float = 0.0,
     merge: bool = True,
+    calls_to: str | None = None,
 ) -> None:
     """Play the cell's missing episodes and write its tables.
 
@@ -205,6 +215,7 @@ async def run_cell(
             be written.
         merge: Write the tables; if False, the complete journal is left for the caller to
             merge (``merge_journal``).
+        calls_to: The endpoint and model the policies call, which ``CellErrors`` names.
 
     Raises:
         CellErrors: More than ``max_error_share`` of the episodes ended in ``error``.
@@ -237,11 +248,15 @@ async def run_cell(
             bar.update(log.row)
 
     try:
-        await asyncio.gather(*(play(i) for i in todo))
-    except asyncio.CancelledError:
+        await gather_or_cancel(*(play(i) for i in todo))
+    except BaseException as stop:
+        # A signal, or an error that stops the job (an endpoint that refused the key, or that
+        # stopped answering): either way the rerun starts from what is journalled.
+        why = "cancelled" if isinstance(stop, asyncio.CancelledError) else "stopped"
         logger.warning(
-            "%s cancelled: %d of %d episodes journalled, the ones in flight dropped",
+            "%s %s: %d of %d episodes journalled, the ones in flight dropped",
             cell.label,
+            why,
             len(done) + played,
             cell.episodes,
         )
@@ -249,7 +264,7 @@ async def run_cell(
     finally:
         if bar is not None:
             bar.close()
-    rows = _check_errors(cell, outputs, max_error_share)
+    rows = _check_errors(cell, outputs, max_error_share, calls_to)
     if merge:
         merge_journal(cell, outputs)
     # The closing line of the job's log: what the cell holds, whatever was replayed.
@@ -267,7 +282,9 @@ async def run_cell(
     )
 
 
-def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> pl.DataFrame:
+def _check_errors(
+    cell: Cell, outputs: CellOutputs, max_error_share: float, calls_to: str | None
+) -> pl.DataFrame:
     """Raise ``CellErrors`` when the journal holds too many error episodes, dropping them.
 
     Returns:
@@ -294,7 +311,7 @@ def _check_errors(cell: Cell, outputs: CellOutputs, max_error_share: float) -> p
     for index in failed:
         for table in ("episodes", "steps", "transcripts"):
             _journal_part(journal, index, table).unlink()
-    raise CellErrors(cell.label, len(failed), cell.episodes, max_error_share, kinds)
+    raise CellErrors(cell.label, calls_to, len(failed), cell.episodes, max_error_share, kinds)
 
 
 def read_journal(cell: Cell, outputs: CellOutputs) -> dict[str, pl.DataFrame]:

@@ -106,6 +106,7 @@ def resolve(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = N
             config = merge(config, layer.keys, layer.replace)
         except ConfigError as error:
             raise ConfigError(f"{layer.path}: {error}") from None
+    _check_sections(overrides or {}, "--config")
     config = merge(config, overrides or {})
     complete = with_seed_runs(with_model_defaults(config))
     return Resolved(complete, tuple(layer.path for layer in layers))
@@ -136,14 +137,37 @@ def with_model_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
+def _schema() -> dict[str, Any]:
+    """The config schema, parsed."""
+    return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _model_kinds() -> dict[str, dict[str, Any]]:
     """Each model kind's schema (its ``$defs`` entry), by the kind's name."""
-    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
     return {
         node["properties"]["kind"]["const"]: node
-        for node in schema["$defs"].values()
+        for node in _schema()["$defs"].values()
         if "const" in node.get("properties", {}).get("kind", {})
     }
+
+
+def _check_sections(keys: Mapping[str, Any], source: str | Path) -> None:
+    """Refuse a top-level key the schema does not know, naming it, the known ones and ``source``.
+
+    Checked here, as each file is read, rather than left to the schema check of the resolved
+    config: Snakemake's validator reports it inside a dump of the whole schema and config,
+    thousands of lines, without the file.
+
+    Raises:
+        ConfigError: The first unknown key.
+    """
+    sections = _schema()["properties"]
+    if unknown := [key for key in keys if key not in sections]:
+        raise ConfigError(
+            f"{source}: config key '{unknown[0]}' is unknown; a config's top-level keys are "
+            f"{', '.join(sections)} (and {BASE}, {REPLACE} in a file)"
+        )
 
 
 def _with_defaults(entry: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,6 +217,7 @@ def _load(path: Path) -> _Layer:
         raise ConfigError(f"{path}: config key '{BASE}' is a file path, not {base!r}")
     if not (isinstance(replace, list) and all(isinstance(key, str) for key in replace)):
         raise ConfigError(f"{path}: config key '{REPLACE}' is a list of dotted keys")
+    _check_sections(keys, path)
     return _Layer(path, None if base is None else path.parent / base, tuple(replace), keys)
 
 

@@ -126,6 +126,11 @@ class ModelSpec:
         """Whether its tokens are paid for: a hosted API, not a server of its own."""
         return False
 
+    @property
+    def calls_to(self) -> str | None:
+        """Where its decisions are asked, as messages name it; None for a model in the job."""
+        return None
+
     def identity(self) -> dict[str, Any]:
         """What provenance records of it: its kind and where it comes from."""
         identity: dict[str, Any] = {"name": self.name, "kind": self.kind.value}
@@ -255,6 +260,15 @@ class OpenAIModel(_LanguageModel):
             "model": self.entry["model"],
         }
 
+    @property
+    def calls_to(self) -> str:
+        """The endpoint and the model name, e.g. ``http://gpu-node:8000/v1, model 'Qwen'``."""
+        base_url = self.entry["base_url"]
+        if base_url is None and self.is_served:
+            # Its job starts the server on a port chosen then.
+            base_url = "the model server its job starts"
+        return calls_to(endpoint_name(base_url, self.entry["provider"]), self.entry["model"])
+
 
 MODEL_CLASSES: dict[ModelKind, type[ModelSpec]] = {
     ModelKind.SCRIPTED: ScriptedModel,
@@ -262,6 +276,16 @@ MODEL_CLASSES: dict[ModelKind, type[ModelSpec]] = {
     ModelKind.OPENAI: OpenAIModel,
 }
 """The class of each model kind; every kind has one (tested)."""
+
+
+def endpoint_name(base_url: str | None, provider: str) -> str:
+    """An endpoint as messages name it: its base URL, or the provider's default endpoint."""
+    return base_url or f"the default endpoint of provider {provider!r}"
+
+
+def calls_to(endpoint: str, model: str) -> str:
+    """Where a model's calls go, as every message about them names it (never with the key)."""
+    return f"{endpoint}, model {model!r}"
 
 
 def cell_episodes(config: dict[str, Any], model: str) -> int:

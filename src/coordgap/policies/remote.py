@@ -23,7 +23,9 @@ from langchain_core.messages import convert_to_messages
 from langchain_core.rate_limiters import InMemoryRateLimiter
 from pydantic import SecretStr
 
+from coordgap.config.play import calls_to, endpoint_name
 from coordgap.policies.base import Decision, NoCallReason, Transcript
+from coordgap.policies.breaker import CircuitBreaker
 from coordgap.policies.parsing import parse_ai_message
 from coordgap.policies.replies import (
     EndpointAuthError,
@@ -131,6 +133,9 @@ class OpenAICompatible:
         max_retries: Attempts after the first for timeouts, 408, 429, 5xx and lost connections.
         backoff_base_s: The first retry waits up to this long; the bound doubles per retry.
         backoff_max_s: The longest wait between attempts, also the cap on a Retry-After.
+        stop_after_failures: Consecutive calls that went unanswered after their retries (a
+            refused or lost connection, a timeout, a 5xx) with no reply in between, after which
+            every call raises ``EndpointUnavailable`` (``coordgap.policies.breaker``).
         requests_per_second: The most requests this backend starts per second, retries
             included (LangChain's in-memory token bucket, one request at a time); None for no
             limit. It holds per job: concurrent jobs on one provider are capped by the
@@ -160,11 +165,13 @@ class OpenAICompatible:
     max_retries: int = 4
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    stop_after_failures: int = 3
     requests_per_second: float | None = None
     record_transcripts: bool = False
     stats: BackendStats = field(default_factory=BackendStats, init=False)
     _api_key: SecretStr | None = field(init=False, repr=False)
     _chat_model: BaseChatModel = field(init=False, repr=False)
+    _breaker: CircuitBreaker = field(init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     _bound: dict[tuple[Tool, ...], Runnable[Any, AIMessage]] = field(
         default_factory=dict, init=False, repr=False
@@ -193,6 +200,9 @@ class OpenAICompatible:
         if self.record_transcripts and self.temperature is None:
             # A trainer needs the temperature the tokens were sampled at.
             raise ValueError("a model whose calls are recorded for training needs a temperature")
+        self._breaker = CircuitBreaker(
+            calls_to(self._endpoint, self.model), self.stop_after_failures
+        )
         self._api_key = _read_api_key(self.api_key_env)
         self._chat_model = self._build_chat_model()
 
@@ -222,6 +232,8 @@ class OpenAICompatible:
                 would fail too, so the job should stop rather than mark episodes ``error``.
             EndpointRequestError: The endpoint refused the request in a way no retry changes
                 (a status other than 401, 403, 408, 429 and 5xx), for the same reason.
+            EndpointUnavailable: This call or earlier ones made ``stop_after_failures``
+                consecutive calls that went unanswered: the endpoint is down or hung.
         """
         model = self._bind(tuple(tools))
         chat = convert_to_messages(messages)
@@ -232,6 +244,8 @@ class OpenAICompatible:
         start = time.perf_counter()
         attempt = 0
         while True:
+            # Also before a retry: once the breaker trips, no call sends another request.
+            self._breaker.check()
             try:
                 # asyncio.timeout, unlike wait_for, needs no extra task per attempt.
                 async with asyncio.timeout(self.timeout_s):
@@ -239,6 +253,7 @@ class OpenAICompatible:
             except Exception as exc:
                 raw = unrepresentable_call(exc)
                 if raw is not None:
+                    self._breaker.answered()
                     return Decision(
                         tool=None,
                         no_call_reason=NoCallReason.BAD_ARGUMENTS,
@@ -246,7 +261,7 @@ class OpenAICompatible:
                         latency_s=time.perf_counter() - start,
                     )
                 failure = classify_error(exc)
-                # from None on both stops: the SDK's message may quote the refused key, and a
+                # from None on every stop: the SDK's message may quote the refused key, and a
                 # traceback prints the context of an exception unless it is suppressed.
                 if failure.rejected_key:
                     raise EndpointAuthError(
@@ -275,20 +290,15 @@ class OpenAICompatible:
                     await asyncio.sleep(delay)
                     continue
                 self.stats.transport_errors += 1
-                logger.warning(
-                    "%s, model %r: no decision after %d attempt(s): %s%s",
-                    self._endpoint,
-                    self.model,
-                    attempt + 1,
-                    failure.label,
-                    "" if failure.where is None else f" (raised at {failure.where})",
-                )
+                if self._breaker.failed(failure, attempt + 1):
+                    raise self._breaker.stop() from None
                 return Decision(
                     tool=None,
                     no_call_reason=NoCallReason.TRANSPORT_ERROR,
                     raw=failure.label,
                     latency_s=time.perf_counter() - start,
                 )
+            self._breaker.answered()
             tool, reason = parse_ai_message(reply, tools)
             usage = reply.usage_metadata or {}
             return Decision(
@@ -306,7 +316,7 @@ class OpenAICompatible:
     @property
     def _endpoint(self) -> str:
         """The endpoint, as error messages name it."""
-        return self.base_url or f"the default endpoint of provider {self.provider!r}"
+        return endpoint_name(self.base_url, self.provider)
 
     def _build_chat_model(self) -> BaseChatModel:
         """Build the LangChain chat model, with the client's own retries off."""

@@ -153,6 +153,9 @@ class Failure:
         status: The HTTP status, when the failure had one.
         rejected_key: The endpoint refused the credentials (401, 403).
         where: For an unreadable reply, the file and line that raised (the integration's).
+        unanswered: The endpoint gave no answer (a refused or lost connection, a timeout) or
+            a server error (5xx): what a dead or hung endpoint does, as opposed to a reply
+            that came back wrong or a rate limit. The circuit breaker counts only these.
     """
 
     label: str
@@ -161,6 +164,7 @@ class Failure:
     status: int | None = None
     rejected_key: bool = False
     where: str | None = None
+    unanswered: bool = False
 
     @property
     def refused(self) -> bool:
@@ -375,7 +379,8 @@ def classify_error(exc: Exception) -> Failure:
     langchain-google-genai keeps as the cause); a connection failure or timeout in the cause
     chain; and last, anything else, which only a reply the integration could not read raises
     and which is retried like a malformed reply (with where it was raised). A failure with a
-    status that is not retryable is ``refused``.
+    status that is not retryable is ``refused``; a 5xx, or a connection failure or timeout
+    without a status, is ``unanswered``.
 
     Args:
         exc: What the chat model's call raised.
@@ -409,6 +414,9 @@ def classify_error(exc: Exception) -> Failure:
         retryable=retryable,
         retry_after_s=_asked_wait(exc) if retryable else None,
         status=status,
+        unanswered=status >= 500
+        if status is not None
+        else _in_chain(exc, _CONNECTION_FAILURES) is not None,
     )
 
 
