@@ -37,11 +37,16 @@ def _raised(exc: Exception) -> Exception:
             ModelAuthenticationError("no"),
             Failure("ModelAuthenticationError", False, None, None, True),
         ),
-        (_ProviderError(503), Failure("_ProviderError (HTTP 503)", True, None, 503)),
+        # A server error and a lost connection are what a dead or hung endpoint gives: the
+        # circuit breaker counts them (coordgap.policies.breaker).
+        (
+            _ProviderError(503),
+            Failure("_ProviderError (HTTP 503)", True, None, 503, unanswered=True),
+        ),
         # A status no retry changes refuses the request itself: the job stops.
         (_ProviderError(400), Failure("_ProviderError (HTTP 400)", False, None, 400)),
         (ModelRateLimitError("slow down"), Failure("ModelRateLimitError", True)),
-        (ConnectionResetError(), Failure("ConnectionResetError", True)),
+        (ConnectionResetError(), Failure("ConnectionResetError", True, unanswered=True)),
         (
             MalformedReply(200, "no choices"),
             Failure("MalformedReply (HTTP 200: no choices)", True, None, 200),
