@@ -8,10 +8,11 @@ from tests.timings import ROOT, FileBudget, load_budget, longest_first, lpt_make
 
 pytestmark = pytest.mark.unit
 
-# make test's pytest on two workers, on the CI machine kind. The goal is 20 minutes; the budget
-# (measured seconds with 20 % headroom, 2026-12-05) schedules to 45.5, so this holds the suite
-# to what it costs now until the remaining files are cut: lower it as they are.
-TARGET_S = 46 * 60
+# make test's pytest on two workers, on the CI machine kind. The goal is 20 measured minutes,
+# a budget schedule of 30 at the budget's 1.5x headroom; the budget regenerated from the last
+# whole-suite run (22.6 min measured, 2026-12-05) schedules to 36.7, so this holds the suite to
+# what it costs now until the remaining files are cut: lower it as they are.
+TARGET_S = 37 * 60
 WORKERS = 2
 
 

@@ -131,9 +131,11 @@ class CircuitBreaker:
             )
         if not failure.unanswered:
             return False
-        self._run[failure.label] += 1
-        if self._run.total() >= self.stop_after:
-            self._tripped = True
+        # Calls that were in flight when the breaker tripped fail after it: the stop keeps
+        # naming the run that tripped it (``stop_after`` calls), whichever call reports it.
+        if not self._tripped:
+            self._run[failure.label] += 1
+            self._tripped = self._run.total() >= self.stop_after
         return self._tripped
 
 
