@@ -1,1 +1,4 @@
-"""Policies that decide for philosophers: scripted references now, model backends later."""
+"""Policies that decide for philosophers: scripted references and model backends.
+
+The backends: in-process local models, OpenAI-compatible endpoints and served checkpoints.
+"""

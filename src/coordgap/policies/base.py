@@ -72,7 +72,8 @@ class Transcript:
         scores: Constrained only: each candidate's score S_j.
         choice: Constrained only: the index k of the chosen candidate.
         choice_logprob: Constrained only: log mu(k) = S_k / T - logsumexp_j(S_j / T), the
-            log-probability of the choice under the policy that made it (0 at T = 0).
+            log-probability of the choice under the policy that made it; at T = 0 (greedy,
+            no distribution drawn from) log softmax(S)_k, the model's own at T = 1.
     """
 
     messages: tuple[dict[str, str], ...]
