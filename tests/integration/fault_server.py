@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -143,6 +144,14 @@ class RecordedRequest:
     body: dict[str, Any]
     # time.perf_counter() at arrival, for tests of request pacing.
     received_s: float = field(default_factory=time.perf_counter)
+
+
+def dead_endpoint() -> str:
+    """The base URL of a loopback port nobody listens on: every call is refused, as by a dead
+    server (the port was free a moment ago; nothing here binds it again)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
 
 
 def api_model_entry(base_url: str, **settings: Any) -> dict[str, Any]:

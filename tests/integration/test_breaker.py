@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,14 @@ from coordgap.agents.runner import CellOutputs
 from coordgap.config.play import EnvironmentConfig, ModelSpec
 from coordgap.env.observation import PromptTemplates
 from coordgap.policies.breaker import EndpointUnavailable
-from tests.integration.fault_server import FaultServer, api_model_entry, failing, hang, ok
+from tests.integration.fault_server import (
+    FaultServer,
+    api_model_entry,
+    dead_endpoint,
+    failing,
+    hang,
+    ok,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -123,9 +129,7 @@ def _assert_names_the_endpoint(stop: EndpointUnavailable | None, base_url: str, 
 
 
 def test_a_refused_port_stops_the_cell_after_stop_after_calls(tmp_path, caplog):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        base_url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    base_url = dead_endpoint()
     # Refused connections fail at once: the backoffs are the whole wait.
     elapsed, stop = _play(base_url, tmp_path, backoff_base_s=BACKOFF_MAX_S)
     _assert_names_the_endpoint(stop, base_url, r"\w*ConnectionError")

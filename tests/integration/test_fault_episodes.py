@@ -12,7 +12,6 @@ endpoint that is down) fails its job instead of passing as a result.
 from __future__ import annotations
 
 import re
-import socket
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -24,6 +23,7 @@ from tests.conftest import copy_workflow, run
 from tests.integration.fault_server import (
     FaultServer,
     api_model_entry,
+    dead_endpoint,
     empty,
     failing,
     fixed_latency,
@@ -216,18 +216,11 @@ def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
     _assert_secret_nowhere(project, output)
 
 
-def _dead_endpoint() -> str:
-    """The base URL of a port nobody listens on: every call is refused, as by a dead server."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-
-
 def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     tmp_path, tiny_config, monkeypatch
 ):
     monkeypatch.setenv(KEY_VARIABLE, SECRET)
-    base_url = _dead_endpoint()
+    base_url = dead_endpoint()
     # A breaker that never trips: every decision is tried, and the cell's errors fail it.
     config = _config(tiny_config, base_url, max_retries=0, stop_after_failures=1000)
     config["experiment"]["max_error_share"] = 0.05
@@ -254,7 +247,7 @@ def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
 
 def test_a_dead_endpoint_stops_its_job_after_a_few_calls(tmp_path, tiny_config, monkeypatch):
     monkeypatch.setenv(KEY_VARIABLE, SECRET)
-    base_url = _dead_endpoint()
+    base_url = dead_endpoint()
     project = copy_workflow(tmp_path / "project", _config(tiny_config, base_url))
     result = run(
         project, "snakemake", "--cores", "1", "results/episodes/faulty/n3.parquet", check=False

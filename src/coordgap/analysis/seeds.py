@@ -17,7 +17,7 @@ Per pair of ``analysis.seed_comparisons`` (:func:`seed_comparisons`), an arm's s
   exact studentized permutation test (of Welch's t) over every split of the seeds;
 * arm vs model (e.g. the base model): the arm's seed means against the model's episodes, by
   Welch's t and the studentized permutation test over every split of the seed means and the
-  episodes. The model's cell mean is an estimate too (6 episodes of a binary reward: an SE near
+  episodes. The model's cell mean is an estimate too (in the CPU study, 6 episodes: an SE near
   0.2, as large as the seeds'), and Welch's SE carries both: the seeds' spread over S and the
   model's episode variance over its episodes.
 
