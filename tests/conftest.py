@@ -243,9 +243,17 @@ def tiny_training_config(model_dir: Path) -> dict:
     return config
 
 
-# The tiny trained study's training target, and what Snakemake printed while it trained.
+# The tiny trained study's training target.
 TRAINED_HISTORY = "results/train/tiny-grpo/history.parquet"
-TRAINED_OUTPUT = "snakemake.out"
+# What Snakemake printed (stdout, stderr) while a built-once study ran: the tests of that
+# first run's messages read them.
+RUN_OUTPUT = ("snakemake.out", "snakemake.err")
+
+
+def keep_output(project: Path, result: subprocess.CompletedProcess[str]) -> None:
+    """Write a run's stdout and stderr into ``project`` as ``RUN_OUTPUT`` names them."""
+    for name, text in zip(RUN_OUTPUT, (result.stdout, result.stderr), strict=True):
+        (project / name).write_text(text)
 
 
 def trained_study_config(model_dir: Path) -> dict:
@@ -257,7 +265,7 @@ def trained_study_config(model_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def trained_study(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
     """The tiny trained study run once for all workers (``built_once``), with two cores:
-    trained in one go (Snakemake's output in ``TRAINED_OUTPUT``), then validated, selected,
+    trained in one go (Snakemake's output in ``RUN_OUTPUT``), then validated, selected,
     tested and reported by ``snakemake all``.
 
     What the tests of training, resumption and DVC's partial reruns compare against or start
@@ -268,7 +276,7 @@ def trained_study(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -
     def build(project: Path) -> None:
         copy_workflow(project, trained_study_config(smollm2_dir))
         trained = run(project, "snakemake", "--cores", "2", TRAINED_HISTORY)
-        (project / TRAINED_OUTPUT).write_text(trained.stdout + trained.stderr)
+        keep_output(project, trained)
         run(project, "snakemake", "--cores", "2", "all")
 
     return built_once(tmp_path_factory, "trained-study", build)
@@ -284,3 +292,24 @@ def tiny_config() -> dict:
 def tiny_workflow(tmp_path: Path, tiny_config: dict) -> Path:
     """A copy of the workflow configured with the tiny design."""
     return copy_workflow(tmp_path / "project", tiny_config)
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny design run once through ``snakemake --cores 2 all`` for all workers
+    (``built_once``; Snakemake's output in ``RUN_OUTPUT``): the finished run that the tests
+    of a first run's results, of reruns and of DVC over it start from."""
+
+    def build(project: Path) -> None:
+        copy_workflow(project, yaml.safe_load(TINY_CONFIG.read_text()))
+        finished = run(project, "snakemake", "--cores", "2", "all")
+        keep_output(project, finished)
+
+    return built_once(tmp_path_factory, "tiny-study", build)
+
+
+@pytest.fixture
+def finished_tiny(tmp_path: Path, tiny_study: Path) -> Path:
+    """A copy of ``tiny_study`` to change (``shutil.copytree`` keeps the timestamps Snakemake
+    and DVC judge it by)."""
+    return shutil.copytree(tiny_study, tmp_path / "finished", symlinks=True)

@@ -26,8 +26,8 @@ from coordgap.env.protocols import Tool
 from coordgap.tracking import EXPERIMENT
 from coordgap.training.history import rollout_rewards
 from tests.conftest import (
+    RUN_OUTPUT,
     TRAINED_HISTORY,
-    TRAINED_OUTPUT,
     copy_workflow,
     run,
     trained_study_config,
@@ -133,7 +133,7 @@ def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
         # The untrained adapter is the base model exactly; any update moves mu.
         assert (row["probe_kl"] > 0) == (trained_rows > 0)
     # Snakemake gave the job two threads, and torch used exactly those.
-    output = (trained_study / TRAINED_OUTPUT).read_text()
+    output = "".join((trained_study / name).read_text() for name in RUN_OUTPUT)
     assert re.search(r"rule train_grpo:.*?threads: 2", output, flags=re.DOTALL)
     assert "torch threads: 2" in (trained_study / JOB_LOG).read_text()
 

@@ -75,13 +75,13 @@ def test_an_invalid_config_is_not_planned(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tiny_plan_is_within_2x_of_what_its_run_used(tiny_workflow):
+def test_the_tiny_plan_is_within_2x_of_what_its_run_used(tiny_workflow, finished_tiny):
+    # Planned before any run, then compared with the tiny design's finished run (tiny_study).
     estimate = plan_lines(tiny_workflow)
-    run(tiny_workflow, "snakemake", "--cores", "2", "episodes")
     # What the run used, read from its episode tables (scripted policies: no tokens, no GPU).
     used = pl.concat(
         pl.read_parquet(path)
-        for path in (tiny_workflow / "results" / "episodes").glob("*/n*.parquet")
+        for path in (finished_tiny / "results" / "episodes").glob("*/n*.parquet")
         if path.name.count(".") == 1
     )
     planned = _sum(estimate, "generate_episodes", "decisions")
@@ -90,8 +90,8 @@ def test_the_tiny_plan_is_within_2x_of_what_its_run_used(tiny_workflow):
     assert _sum(estimate, "generate_episodes", "usd") == 0
 
     # Planned again, the measured rates make the estimate what the run used, shown beside it.
-    again = plan_lines(tiny_workflow)
+    again = plan_lines(finished_tiny)
     assert _sum(again, "generate_episodes", "decisions") == used["decisions"].sum()
-    shown = run(tiny_workflow, "coordgap", "plan").stdout
+    shown = run(finished_tiny, "coordgap", "plan").stdout
     assert "measured (8 episodes)" in shown
     assert shown.count("  so far ") == 3

@@ -11,7 +11,15 @@ import yaml
 
 from coordgap.config.training import evaluated_steps
 from tests.browser import page_facts
-from tests.conftest import ANALYSIS_JOBS, ROOT, copy_workflow, planned, run, tiny_training_config
+from tests.conftest import (
+    ANALYSIS_JOBS,
+    ROOT,
+    RUN_OUTPUT,
+    copy_workflow,
+    planned,
+    run,
+    tiny_training_config,
+)
 
 pytestmark = pytest.mark.workflow
 
@@ -69,13 +77,12 @@ def test_lint_is_clean():
 
 
 @pytest.mark.slow
-def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
-    first = run(tiny_workflow, "snakemake", "--cores", "2", "all")
+def test_tiny_config_runs_end_to_end(finished_tiny, tiny_config):
+    # The tiny design's `snakemake --cores 2 all`, run once for the session (tiny_study).
+    first = (finished_tiny / RUN_OUTPUT[0]).read_text()
     # The run ends by pointing at the report, which opens with what it found.
-    assert first.stdout.rstrip().endswith(
-        "Read results/report.md first: it opens with the findings."
-    )
-    results = tiny_workflow / "results"
+    assert first.rstrip().endswith("Read results/report.md first: it opens with the findings.")
+    results = finished_tiny / "results"
     summary = pl.read_csv(results / "stats" / "summary.csv")
     assert summary.height == len(tiny_config["models"]) * len(tiny_config["experiment"]["sizes"])
     assert set(summary["model"]) == set(tiny_config["models"])
@@ -105,24 +112,24 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     timeline = pl.read_csv(results / "figures" / "timeline.csv")
     assert timeline.filter(pl.col("deadlock"))["round"].unique().to_list() == [1]
     for rule in ("generate_episodes", "compute_stats", "compute_monitors", "plot_timeline"):
-        assert list((tiny_workflow / "logs" / rule).rglob("*.benchmark.tsv")), rule
+        assert list((finished_tiny / "logs" / rule).rglob("*.benchmark.tsv")), rule
     # A second run finds nothing to do.
-    again = run(tiny_workflow, "snakemake", "--cores", "2", "all")
+    again = run(finished_tiny, "snakemake", "--cores", "2", "all")
     assert "Nothing to be done" in again.stdout + again.stderr
 
     # The HTML supplement builds, with a caption for every figure and table, and rebuilds to
     # the same bytes.
-    run(tiny_workflow, "snakemake", "--report", "report.html")
-    html = (tiny_workflow / "report.html").read_bytes()
-    run(tiny_workflow, "snakemake", "--report", "again.html")
-    assert (tiny_workflow / "again.html").read_bytes() == html
+    run(finished_tiny, "snakemake", "--report", "report.html")
+    html = (finished_tiny / "report.html").read_bytes()
+    run(finished_tiny, "snakemake", "--report", "again.html")
+    assert (finished_tiny / "again.html").read_bytes() == html
     # The statistics figures' captions come from their catalog entries (coordgap.analysis.catalog).
     captions = ("Newcombe", "Wilson", "starvation", "replaying the recorded decisions")
     for caption in (*captions, "the degenerate maximum: the score of not playing"):
         assert caption.encode() in html, caption
 
     # Incremental: each change reruns what depends on it, and never the episodes.
-    config_path = tiny_workflow / "config" / "config.yaml"
+    config_path = finished_tiny / "config" / "config.yaml"
     figures = {"plot_reward", "plot_deadlock", "plot_reward_vs_meals", "plot_components"}
     figures |= {"plot_meals_by_seat"}
     changes = {
@@ -148,17 +155,17 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
     }
     for dotted, (value, rules) in changes.items():
         config_path.write_text(yaml.safe_dump(_set(tiny_config, dotted, value), sort_keys=False))
-        dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+        dry_run = run(finished_tiny, "snakemake", "-n", "--cores", "1", "all")
         assert set(planned(dry_run.stdout)) - {"all"} == rules, (dotted, dry_run.stdout)
     config_path.write_text(yaml.safe_dump(tiny_config, sort_keys=False))
 
     # Code: a job reruns when code it imports changes in meaning (coordgap.code), and only then.
-    src = tiny_workflow / "src" / "coordgap"
+    src = finished_tiny / "src" / "coordgap"
     originals = {path: path.read_text() for path in src.rglob("*.py")}
     for path, text in originals.items():
         reworded = f'""" Reworded.{text[3:]}' if text.startswith('"""') else text
         path.write_text(reworded + "\n# A new comment.\n")
-    dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+    dry_run = run(finished_tiny, "snakemake", "-n", "--cores", "1", "all")
     assert "Nothing to be done" in dry_run.stdout + dry_run.stderr, dry_run.stdout
     code_changes = {
         # A variant's formula: every analysis job, no episode.
@@ -175,7 +182,7 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
         # indexes and the model manifest, whose code holds no table.
         "env/table.py": (
             ("return not any(self.eating) and all(", "return all("),
-            set(planned(run(tiny_workflow, "snakemake", "-n", "-F", "all").stdout))
+            set(planned(run(finished_tiny, "snakemake", "-n", "-F", "all").stdout))
             - {"all", "index_training", "index_selections", "index_tests", "write_model_manifest"},
         ),
     }
@@ -183,7 +190,7 @@ def test_tiny_config_runs_end_to_end(tiny_workflow, tiny_config):
         path = src / module
         assert old in originals[path], module
         path.write_text(originals[path].replace(old, new, 1))
-        dry_run = run(tiny_workflow, "snakemake", "-n", "--cores", "1", "all")
+        dry_run = run(finished_tiny, "snakemake", "-n", "--cores", "1", "all")
         jobs = planned(dry_run.stdout)
         assert set(jobs) - {"all"} == rules, (module, dry_run.stdout)
         path.write_text(originals[path])
