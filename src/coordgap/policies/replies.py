@@ -135,8 +135,12 @@ class EndpointRequestError(ExpectedFailure, RuntimeError):
             f" with HTTP {status}" if status else ""
         )
         key = "" if env_var is None else f" (the key is read from {env_var})"
+        said = message or "no message"
+        # Providers mostly end their message with a full stop: one mark ends it, not two.
+        if not said.endswith((".", "!", "?")):
+            said += "."
         super().__init__(
-            f"{refused}: {message or 'no message'}. No retry can change that: fix the model's "
+            f"{refused}: {said} No retry can change that: fix the model's "
             f"entry in models: (a setting the model does not accept, its name) or its key{key}."
         )
         self.status = status
