@@ -31,7 +31,7 @@ rule compute_stats:
             category="Tables",
             labels={"table": "episode rewards"},
         ),
-        metrics=directory(METRICS),
+        metrics=metric_targets(),
     params:
         code=code_of("compute_stats"),
         reward=lookup(dpath="reward", within=config),

@@ -35,7 +35,8 @@ SITE = load_site()
 REPORT = "results/report.md"
 # The same report as one self-contained page (figures inline), beside it for its CSV links.
 REPORT_PAGE = "results/report.html"
-# The headline numbers for `dvc metrics`, one JSON file per model (a row of `dvc metrics show`).
+# The folder of the headline numbers for `dvc metrics`: a JSON file per model, a row of
+# `dvc metrics show` each (metric_targets).
 METRICS = "results/metrics"
 
 MODELS = list(config["models"])
@@ -339,6 +340,13 @@ def analysis_tables():
     return episode_targets() + test_targets()
 
 
+def metric_targets():
+    """The headline numbers for `dvc metrics`: a JSON file per model of analysis_tables(),
+    the grid's models and the selected checkpoints. Files, not the folder as a directory
+    output, into which Snakemake would write a .snakemake_timestamp that DVC shows as a row."""
+    return [f"{METRICS}/{name}.json" for name in [*MODELS, *SELECTED]]
+
+
 def provenance_of(kind):
     """A params function: the provenance identity of the job's output of ``kind``.
 
@@ -412,7 +420,7 @@ def final_targets():
                 "monitors",
             ],
         ),
-        METRICS,
+        *metric_targets(),
         *(str(Path(png).with_suffix(ext)) for png in figures for ext in (".png", ".pdf", ".csv")),
         REPORT,
         REPORT_PAGE,

@@ -7,6 +7,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from coordgap.errors import ExpectedFailure
 from coordgap.preemption import Preempted
 
 if TYPE_CHECKING:
@@ -16,12 +17,16 @@ if TYPE_CHECKING:
 
 @contextmanager
 def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
-    """Send the job's log records to ``path`` and record any exception before it propagates.
+    """Send the job's log records to ``path`` and record how the job ended.
 
-    Snakemake keeps a failed job's log, so the traceback is where the user looks first; a job
-    that succeeded ends its log with its wall time. A job
-    stopped by a signal (``coordgap.preemption.Preempted``) is no error to debug: it gets one
-    line and exits with 128 + the signal number.
+    A job that succeeded ends its log with its wall time. A job stopped by a signal
+    (``coordgap.preemption.Preempted``) is no error to debug: it gets one line and exits with
+    128 + the signal number. An expected failure (``coordgap.errors.ExpectedFailure``: a
+    refused key, an endpoint that is down, an invalid config) says all the user needs in its
+    message, so it gets one line too, and the job ends printing its class, its message and
+    ``path``, without the traceback through the job's code (Snakemake would print it twice:
+    the job's stderr, then the log). Any other exception is a bug to debug: its traceback
+    goes to the log and it propagates.
 
     Args:
         path: The rule's ``log:`` file.
@@ -31,7 +36,9 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
         The job's logger.
 
     Raises:
-        SystemExit: The job was preempted; its code is the signal's exit status.
+        SystemExit: The job was preempted (its code is the signal's exit status) or met an
+            expected failure (its code is the failure's text and the log's path, so the
+            process prints them and exits with status 1).
     """
     handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -46,6 +53,9 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     except Preempted as stop:
         logger.warning("%s", stop)
         raise SystemExit(stop.exit_code) from None
+    except ExpectedFailure as failure:
+        logger.error("%s: %s", type(failure).__name__, failure)
+        raise SystemExit(f"{type(failure).__name__}: {failure}\nThe job's log: {path}") from None
     except BaseException:
         logger.exception("job failed")
         raise

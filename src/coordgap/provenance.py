@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordgap.config.play import ModelSpec, cell_episodes
+from coordgap.errors import ExpectedFailure
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -139,7 +140,7 @@ def git_commit(root: str | Path) -> str | None:
     return f"{commit} + uncommitted changes" if changed else commit
 
 
-class ProvenanceMismatch(RuntimeError):
+class ProvenanceMismatch(ExpectedFailure, RuntimeError):
     """Outputs were made with other config values than the current config's."""
 
 

@@ -21,12 +21,14 @@ from typing import Any
 import jsonschema
 import yaml
 
+from coordgap.errors import ExpectedFailure
+
 SITE_ENV = "COORDGAP_SITE"
 DEFAULT_SITE_FILE = Path("~/.config/coordgap/site.yaml")
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "site.schema.yaml"
 
 
-class SiteError(ValueError):
+class SiteError(ExpectedFailure, ValueError):
     """An invalid site file; the message names the file and the offending key."""
 
 

@@ -116,6 +116,18 @@ def _assert_secret_nowhere(project: Path, *texts: str) -> None:
                 assert not frame[column].str.contains(SECRET, literal=True).any(), (path, column)
 
 
+# The log of the one cell these tests run through Snakemake.
+CELL_LOG = "logs/generate_api_episodes/faulty/n3.log"
+
+
+def _assert_ends_with_its_message(output: str, failure: str, message: str) -> None:
+    """The job ended on an expected failure: its class, its message and its log's path, and no
+    traceback (neither on the job's stderr nor in the log Snakemake prints after it)."""
+    assert "Traceback" not in output
+    assert f"{failure}: {message}" in output
+    assert f"The job's log: {CELL_LOG}" in output
+
+
 def test_faulty_server_episodes_complete_or_fail_and_never_leak_the_key(
     tmp_path, tiny_config, monkeypatch
 ):
@@ -209,10 +221,13 @@ def test_a_refused_key_stops_its_cell_in_one_round_and_other_cells_go_on(
     assert not (project / "results/episodes/faulty/n3.parquet").exists()
     assert pl.read_parquet(project / "results/episodes/silent/n3.parquet").height == 6
     # The failure is reported with its log, which names the variable and the endpoint.
-    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
+    log = (project / CELL_LOG).read_text()
     for text in (log, output):
         assert f"check the API key in environment variable {KEY_VARIABLE}" in text
         assert f"{server.base_url} refused the request with HTTP 401" in text
+    _assert_ends_with_its_message(
+        output, "EndpointAuthError", f"{server.base_url} refused the request with HTTP 401"
+    )
     _assert_secret_nowhere(project, output)
 
 
@@ -231,9 +246,11 @@ def test_a_cell_of_error_episodes_fails_its_job_naming_the_endpoint(
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert not (project / "results/episodes/faulty/n3.parquet").exists()
-    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
+    log = (project / CELL_LOG).read_text()
     # The final message names the endpoint and the model, not only the warnings above it.
-    assert f"faulty n=3 ({base_url}, model 'faulty-model'): 6 of 6 episodes ended in error" in log
+    errors = f"faulty n=3 ({base_url}, model 'faulty-model'): 6 of 6 episodes ended in error"
+    assert errors in log
+    _assert_ends_with_its_message(output, "CellErrors", errors)
     assert re.search(r"failed calls: \d+ x \w*ConnectionError", log)
     # The first failed call is a warning naming the endpoint and the model; the rest are
     # counted (at the 10th, 100th, ...), not logged one by one.
@@ -254,10 +271,10 @@ def test_a_dead_endpoint_stops_its_job_after_a_few_calls(tmp_path, tiny_config, 
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    log = (project / "logs/generate_api_episodes/faulty/n3.log").read_text()
+    log = (project / CELL_LOG).read_text()
     stop = f"{base_url}, model 'faulty-model': 3 calls in a row went unanswered after their retries"
     assert stop in log
-    assert stop in output
+    _assert_ends_with_its_message(output, "EndpointUnavailable", stop)
     assert log.count("no decision after") == 1
     _assert_secret_nowhere(project, output)
 

@@ -193,7 +193,8 @@ def write_tables(
     path = folder / "episodes.parquet"
     episodes.write_parquet(path)
     names = ("summary", "components", "seats", "episode_rewards")
-    stats = StatsOutputs(*(folder / f"{name}.csv" for name in names), folder / "metrics")
+    metrics = {model: folder / "metrics" / f"{model}.json" for model in episodes["model"].unique()}
+    stats = StatsOutputs(*(folder / f"{name}.csv" for name in names), metrics)
     write_stats([path], compare.analysis, stats)
     written = Written(
         stats, folder / "comparisons.csv", folder / "power.csv", folder / "monitors.csv"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -27,9 +28,18 @@ from coordgap.analysis.stats import (
     summarize,
     summary_schema,
     write_csv,
+    write_stats,
 )
 from coordgap.env.variants import RewardVariant, reward_expr
-from tests.unit.analysis_tables import COMPARE, CONFIG, episode, frame, table, write_tables
+from tests.unit.analysis_tables import (
+    COMPARE,
+    CONFIG,
+    Written,
+    episode,
+    frame,
+    table,
+    write_tables,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -326,31 +336,63 @@ def test_load_episodes_needs_a_path() -> None:
         load_episodes([])
 
 
+def _files(written: Written) -> list[Path]:
+    """Every file ``write_tables`` wrote, the metrics file of each model included."""
+    stats = vars(written.stats)
+    tables = [path for name, path in stats.items() if name != "metrics"]
+    metrics = [stats["metrics"][model] for model in sorted(stats["metrics"])]
+    return [*tables, *metrics, written.comparisons, written.power, written.monitors]
+
+
 def test_written_tables_are_byte_stable_and_read_back(tmp_path: Path) -> None:
     first = write_tables(table(sizes=(5, 7)), tmp_path / "first")
     second = write_tables(table(sizes=(5, 7)), tmp_path / "second")
-    files = [*vars(first.stats).values(), first.comparisons, first.power, first.monitors]
-    again = [*vars(second.stats).values(), second.comparisons, second.power, second.monitors]
-    for a, b in zip(files, again, strict=True):
-        if Path(a).is_dir():
-            assert sorted(p.name for p in Path(a).iterdir()) == sorted(
-                p.name for p in Path(b).iterdir()
-            )
-            a, b = sorted(Path(a).iterdir()), sorted(Path(b).iterdir())
-        else:
-            a, b = [a], [b]
-        assert [Path(f).read_bytes() for f in a] == [Path(f).read_bytes() for f in b], a
+    assert [Path(f).read_bytes() for f in _files(first)] == [
+        Path(f).read_bytes() for f in _files(second)
+    ]
     summary = read_table(first.stats.summary, summary_schema(CONFIG.variants))
     assert summary.select("model", "n").rows() == sorted(summary.select("model", "n").rows())
     assert read_table(first.comparisons, COMPARISON_SCHEMA).height == 2 * 3 * 2
-    # One metrics file per model, a row of `dvc metrics show` each.
-    assert sorted(p.name for p in first.stats.metrics.iterdir()) == [
+    # One metrics file per model, a row of `dvc metrics show` each, and nothing else.
+    metrics = first.stats.metrics
+    assert sorted(p.name for p in Path(metrics["silent"]).parent.iterdir()) == [
         f"{model}.json" for model in ("hierarchy", "idle", "left_first", "silent")
     ]
-    silent = json.loads((first.stats.metrics / "silent.json").read_text(encoding="utf-8"))
+    silent = json.loads(Path(metrics["silent"]).read_text(encoding="utf-8"))
     assert silent["n5"] == {"deadlock_rate": 0.0, "reward_paper": 1.0}
-    hierarchy = json.loads((first.stats.metrics / "hierarchy.json").read_text(encoding="utf-8"))
+    hierarchy = json.loads(Path(metrics["hierarchy"]).read_text(encoding="utf-8"))
     assert set(hierarchy) == {"n5", "n7"}
+
+
+def test_a_rerun_leaves_no_stale_file_among_the_metrics(tmp_path: Path) -> None:
+    written = write_tables(table(), tmp_path / "tables")
+    folder = Path(written.stats.metrics["silent"]).parent
+    # What an older run left there: a model since dropped from the config, and the timestamp
+    # Snakemake wrote into the folder while it was a directory output.
+    for stale in ("dropped.json", ".snakemake_timestamp"):
+        (folder / stale).write_text("{}\n", encoding="utf-8")
+    write_stats([tmp_path / "tables" / "episodes.parquet"], CONFIG, written.stats)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        f"{model}.json" for model in ("hierarchy", "idle", "left_first", "silent")
+    ]
+
+
+def test_the_metrics_files_must_be_those_of_the_summary_s_models(tmp_path: Path) -> None:
+    written = write_tables(table(), tmp_path / "tables")
+    metrics = {**written.stats.metrics, "ghost": tmp_path / "ghost.json"}
+    del metrics["idle"]
+    summary_models = "['hierarchy', 'idle', 'left_first', 'silent']"
+    declared = "['ghost', 'hierarchy', 'left_first', 'silent']"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{summary_models}, but metrics files are declared for {declared}"),
+    ):
+        write_stats(
+            [tmp_path / "tables" / "episodes.parquet"],
+            CONFIG,
+            replace(written.stats, metrics=metrics),
+        )
+    assert not (tmp_path / "ghost.json").exists()
 
 
 def test_write_csv_rounds_and_writes_no_nan_and_no_negative_zero(tmp_path: Path) -> None:

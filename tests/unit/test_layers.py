@@ -28,10 +28,11 @@ PLAY = (
     *("env.table", "env.protocols", "env.observation", "env.reward", "episodes", "data"),
     *("policies", "agents", "config.play", "config.keys"),
 )
-# What every phase may use: records, seeds and tables, resume state, logs, tracking, the config.
+# What every phase may use: records, seeds and tables, resume state, logs and expected failures,
+# tracking, the config.
 SHARED = (
     *("provenance", "intervals", "site", "data", "preemption", "resume", "logs", "code"),
-    *("tracking", "config"),
+    *("errors", "tracking", "config"),
 )
 # Each rule: the modules it covers, and the prefixes none of them may import, transitively.
 RULES = {

@@ -1,4 +1,4 @@
-"""The preemption guards with real signals sent to this process, and the job log's exit."""
+"""The preemption guards with real signals sent to this process, and how the job log ends."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from coordgap import preemption
+from coordgap.config.keys import ConfigError
 from coordgap.logs import job_log
 from coordgap.preemption import Preempted, preemptible
 
@@ -143,3 +144,26 @@ def test_the_job_log_records_a_preemption_in_one_line_and_exits_with_its_code(tm
     log = path.read_text()
     assert "stopped by SIGTERM" in log
     assert "Traceback" not in log
+
+
+def test_the_job_log_ends_an_expected_failure_with_its_message_and_no_traceback(tmp_path) -> None:
+    path = tmp_path / "job.log"
+    message = "config key 'models.gpt': no such model"
+    with pytest.raises(SystemExit) as caught, job_log(path, "job"):
+        raise ConfigError(message)
+    # A string code: Python prints it to stderr and exits with status 1.
+    assert caught.value.code == f"ConfigError: {message}\nThe job's log: {path}"
+    assert caught.value.__suppress_context__
+    log = path.read_text()
+    assert f"ERROR job: ConfigError: {message}" in log
+    assert "Traceback" not in log
+
+
+def test_the_job_log_keeps_an_unexpected_error_s_traceback(tmp_path) -> None:
+    path = tmp_path / "job.log"
+    with pytest.raises(ValueError, match="a bug"), job_log(path, "job"):
+        raise ValueError("a bug")
+    log = path.read_text()
+    assert "ERROR job: job failed" in log
+    assert "Traceback" in log
+    assert "ValueError: a bug" in log

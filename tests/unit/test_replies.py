@@ -7,7 +7,13 @@ from dataclasses import replace
 import pytest
 from langchain_core.exceptions import ModelAuthenticationError, ModelRateLimitError
 
-from coordgap.policies.replies import Failure, MalformedReply, classify_error, provider_message
+from coordgap.policies.replies import (
+    EndpointRequestError,
+    Failure,
+    MalformedReply,
+    classify_error,
+    provider_message,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +93,22 @@ def test_a_malformed_reply_wrapped_by_an_sdk_is_still_named() -> None:
     except ConnectionError as outer:
         failure = classify_error(outer)
     assert failure.label == "MalformedReply (HTTP 200: body is not JSON)"
+
+
+@pytest.mark.parametrize(
+    ("said", "quoted"),
+    [
+        # OpenAI's words for a refused top_p end with their own full stop.
+        (
+            "Unsupported parameter: 'top_p' is not supported with this model.",
+            "Unsupported parameter: 'top_p' is not supported with this model. No retry",
+        ),
+        ("model gone fishing", "model gone fishing. No retry"),
+        ("Is this model retired?", "Is this model retired? No retry"),
+        ("", "no message. No retry"),
+    ],
+)
+def test_a_refused_request_quotes_the_provider_in_one_sentence(said: str, quoted: str) -> None:
+    message = str(EndpointRequestError(400, "https://api.example", "m", said, "EXAMPLE_KEY"))
+    assert f"with HTTP 400: {quoted} can change that" in message
+    assert ".." not in message

@@ -1,5 +1,7 @@
 """Adapter of rule compute_stats: the summary, its breakdowns and the DVC metrics."""
 
+from pathlib import Path
+
 from coordgap.analysis.stats import StatsOutputs, write_stats
 from coordgap.config.analysis import AnalysisConfig
 from coordgap.logs import job_log
@@ -15,6 +17,7 @@ with job_log(snakemake.log[0], "compute_stats") as log:
             components=output.components,
             seats=output.seats,
             episode_rewards=output.episode_rewards,
-            metrics=output.metrics,
+            # Each declared file is results/metrics/<model>.json (rules/common.smk: metric_targets).
+            metrics={Path(path).name.removesuffix(".json"): path for path in output.metrics},
         ),
     )

@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from coordgap.agents.graphs import gather_or_cancel, play_episode_graph
 from coordgap.data import TABLE_SCHEMAS, EpisodeSeeds, write_parquet_atomic
+from coordgap.errors import ExpectedFailure
 from coordgap.resume import ResumeFolder
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 _TABLE_SUFFIXES = (".parquet", ".steps.parquet", ".transcripts.parquet")
 
 
-class CellErrors(RuntimeError):
+class CellErrors(ExpectedFailure, RuntimeError):
     """Too many of a cell's episodes ended in ``error``: the cell is not written.
 
     Args:

@@ -34,7 +34,7 @@ from coordgap.env.variants import SIGNS, RewardVariant, component_exprs, reward_
 from coordgap.intervals import bootstrap_mean_ci, mean_interval, wilson_interval
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from coordgap.config.analysis import AnalysisConfig
 
@@ -439,7 +439,8 @@ class StatsOutputs:
     components: str | Path
     seats: str | Path
     episode_rewards: str | Path
-    metrics: str | Path  # a folder: one JSON file of headline numbers per model
+    # Model -> its JSON file of headline numbers (a row of `dvc metrics show` each).
+    metrics: Mapping[str, str | Path]
 
 
 def write_stats(
@@ -453,17 +454,30 @@ def write_stats(
         episode_paths: Parquet episode tables.
         config: The analysis configuration.
         outputs: Where each table goes.
+
+    Raises:
+        ValueError: The summary's models are not those ``outputs.metrics`` has files for.
     """
     episodes = load_episodes(episode_paths)
     summary = summarize(episodes, config)
+    headline = metrics(summary.with_columns(pl.col(pl.Float64).round(DECIMALS)), config)
+    if set(headline) != set(outputs.metrics):
+        raise ValueError(
+            f"the summary holds the models {sorted(headline)}, but metrics files are declared "
+            f"for {sorted(outputs.metrics)}"
+        )
     write_csv(summary, outputs.summary)
     write_csv(component_table(episodes, config), outputs.components)
     write_csv(seat_table(episodes, config), outputs.seats)
     write_csv(episode_rewards(episodes, config), outputs.episode_rewards)
-    rounded = summary.with_columns(pl.col(pl.Float64).round(DECIMALS))
-    # One file per model: `dvc metrics show` prints a row per file, so a model is a row.
-    folder = Path(outputs.metrics)
-    folder.mkdir(parents=True, exist_ok=True)
-    for model, numbers in metrics(rounded, config).items():
-        text = json.dumps(numbers, sort_keys=True, indent=2)
-        (folder / f"{model}.json").write_text(text + "\n", encoding="utf-8")
+    files = {Path(path): headline[model] for model, path in outputs.metrics.items()}
+    for path, numbers in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(numbers, sort_keys=True, indent=2) + "\n", encoding="utf-8")
+    # DVC shows a row for every file of the metrics folder, and Snakemake clears only the
+    # declared files: a model dropped from the config, or the .snakemake_timestamp of the folder
+    # once declared as a directory output, would stay a row. So no file but these stays there.
+    for folder in {path.parent for path in files}:
+        for stale in folder.iterdir():
+            if stale.is_file() and stale not in files:
+                stale.unlink()

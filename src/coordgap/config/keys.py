@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from coordgap.errors import ExpectedFailure
+
 # The config schema: every key's type and description, and a model entry's defaults.
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(ExpectedFailure, ValueError):
     """An invalid configuration; the message starts with the offending key."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordgap.config.keys import FILL_IN
+from coordgap.errors import ExpectedFailure
 from coordgap.resume import share_as_umask
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SCHEME = re.compile(r"(?P<scheme>[A-Za-z][\w+.-]+):")
 
 
-class HubDownloadError(OSError):
+class HubDownloadError(ExpectedFailure, OSError):
     """A hub source's files could not be downloaded, or differ from those the hub lists."""
 
 

@@ -26,13 +26,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from coordgap.errors import ExpectedFailure
+
 if TYPE_CHECKING:
     from coordgap.policies.replies import Failure
 
 logger = logging.getLogger(__name__)
 
 
-class EndpointUnavailable(RuntimeError):
+class EndpointUnavailable(ExpectedFailure, RuntimeError):
     """Consecutive calls to an endpoint went unanswered: the cell stops instead of waiting on.
 
     The message names the endpoint, the model, the failures by kind and their count, never the

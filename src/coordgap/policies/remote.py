@@ -24,6 +24,7 @@ from langchain_core.rate_limiters import InMemoryRateLimiter
 from pydantic import SecretStr
 
 from coordgap.config.play import calls_to, endpoint_name
+from coordgap.errors import ExpectedFailure
 from coordgap.policies.base import Decision, NoCallReason, Transcript
 from coordgap.policies.breaker import CircuitBreaker
 from coordgap.policies.parsing import parse_ai_message
@@ -79,7 +80,7 @@ _OWN_ARGUMENTS = frozenset(
 )
 
 
-class MissingAPIKeyError(RuntimeError):
+class MissingAPIKeyError(ExpectedFailure, RuntimeError):
     """The environment variable that should hold a model's API key is unset or empty."""
 
     def __init__(self, env_var: str) -> None:

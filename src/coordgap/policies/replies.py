@@ -47,6 +47,8 @@ from langchain_core.exceptions import (
 )
 from pydantic import ValidationError
 
+from coordgap.errors import ExpectedFailure
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
@@ -82,7 +84,7 @@ class MalformedReply(Exception):
         self.reason = reason
 
 
-class EndpointAuthError(RuntimeError):
+class EndpointAuthError(ExpectedFailure, RuntimeError):
     """The endpoint refused the API key (HTTP 401 or 403): the job cannot succeed, so it stops.
 
     The message names the environment variable and the endpoint, never the key.
@@ -105,7 +107,7 @@ class EndpointAuthError(RuntimeError):
         self.env_var = env_var
 
 
-class EndpointRequestError(RuntimeError):
+class EndpointRequestError(ExpectedFailure, RuntimeError):
     """The endpoint refused a request in a way no retry changes (HTTP 400, 404, 422, ...).
 
     A setting the model does not accept (Claude Opus 4.x: temperature with top_p; GPT-5.2:
@@ -133,8 +135,12 @@ class EndpointRequestError(RuntimeError):
             f" with HTTP {status}" if status else ""
         )
         key = "" if env_var is None else f" (the key is read from {env_var})"
+        said = message or "no message"
+        # Providers mostly end their message with a full stop: one mark ends it, not two.
+        if not said.endswith((".", "!", "?")):
+            said += "."
         super().__init__(
-            f"{refused}: {message or 'no message'}. No retry can change that: fix the model's "
+            f"{refused}: {said} No retry can change that: fix the model's "
             f"entry in models: (a setting the model does not accept, its name) or its key{key}."
         )
         self.status = status

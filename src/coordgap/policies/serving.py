@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coordgap.config.play import ModelSpec
+from coordgap.errors import ExpectedFailure
 from coordgap.site import cache_variables, load_site
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ _REDACTED = "[job key]"
 _PR_SET_PDEATHSIG = 1
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(ExpectedFailure, RuntimeError):
     """A model server exited, or did not become healthy, before the job could use it."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from coordgap.errors import ExpectedFailure
 from coordgap.site import cache_variables
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ _TORCH_CUDA = re.compile(r"/torch-[^/]*\+cu(\d+)(\d)-")
 _DRIVER_VERSION = re.compile(r"Kernel Module.*?\s(\d+(?:\.\d+)+)\s")
 
 
-class RuntimeUnavailable(RuntimeError):
+class RuntimeUnavailable(ExpectedFailure, RuntimeError):
     """ART's vLLM runtime cannot be built on this node; the message says what is missing."""
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from coordgap.errors import ExpectedFailure
 from coordgap.policies.remote import OpenAICompatible
 from coordgap.site import load_site
 from coordgap.training._art import art
@@ -57,7 +58,7 @@ API_KEY_ENV = "COORDGAP_ART_API_KEY"
 PROJECT = "coordgap"
 
 
-class ArtBackendUnavailable(RuntimeError):
+class ArtBackendUnavailable(ExpectedFailure, RuntimeError):
     """ART's LocalBackend cannot run on this machine; the message says what is missing."""
 
 
