@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 # a budget schedule of 30 at the budget's 1.5x headroom; the budget regenerated from the last
 # whole-suite run (22.6 min measured, 2026-12-05) schedules to 36.7, so this holds the suite to
 # what it costs now until the remaining files are cut: lower it as they are.
-TARGET_S = 37 * 60
+TARGET_S = 33 * 60
 WORKERS = 2
 
 

@@ -92,7 +92,7 @@ WELCH_EXAMPLES = [
 
 
 @pytest.mark.parametrize(("x", "y", "published"), WELCH_EXAMPLES)
-def testwelch_matches_the_published_examples_scipy_and_a_hand_computation(
+def test_welch_matches_the_published_examples_scipy_and_a_hand_computation(
     x: list[float], y: list[float], published: tuple[float, float, float]
 ) -> None:
     a, b = np.array(x), np.array(y)
