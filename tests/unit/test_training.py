@@ -361,27 +361,25 @@ def test_the_gradient_is_that_of_the_six_way_log_probability(smollm2_dir: Path) 
     )
     prompt = tokenizer(text, add_special_tokens=False).input_ids
     trainer.model.train()
-    # Both rows are calls of one decision: one prompt, the same six candidates, so one set of
-    # passes scores them for both (its graph kept for the second row's backward).
-    scores_of: dict[tuple[tuple[int, ...], ...], torch.Tensor] = {}
+    # Both rows are calls of one decision: one prompt and the same six candidates, so one set
+    # of passes scores them for both (its graph kept for the second row's backward).
+    candidates = rows.choices[0].candidates
+    assert all(choice.candidates == candidates for choice in rows.choices)
+    scores = []
+    for candidate in candidates:
+        ids = torch.tensor([prompt + candidate])
+        logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        picked = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
+        scores.append(picked.sum())
+    log_mus = torch.log_softmax(torch.stack(scores) / run.temperature, 0)
     for index, choice in enumerate(rows.choices):
         inputs = trainer.row(rows.packed, index)
         new, _ = trainer.log_probs(inputs, choice)
         art.loss.loss_fn(inputs, new, None, None, {}).policy_loss.backward()
         ours = lora_grads(trainer)
         trainer.model.zero_grad()
-        candidates = tuple(tuple(candidate) for candidate in choice.candidates)
-        if candidates not in scores_of:
-            scores = []
-            for candidate in candidates:
-                ids = torch.tensor([prompt + list(candidate)])
-                logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-                picked = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
-                scores.append(picked.sum())
-            scores_of[candidates] = torch.stack(scores)
-        log_mu = torch.log_softmax(scores_of[candidates] / run.temperature, 0)[choice.chosen]
         advantage = 1.0 if choice.chosen == SIX.index(Tool.PICK_UP_RIGHT) else -1.0
-        (-advantage * log_mu).backward(retain_graph=True)
+        (-advantage * log_mus[choice.chosen]).backward(retain_graph=True)
         theirs = lora_grads(trainer)
         trainer.model.zero_grad()
         # float32: the two sum the same products in other orders, so compare the whole
@@ -389,7 +387,6 @@ def test_the_gradient_is_that_of_the_six_way_log_probability(smollm2_dir: Path) 
         a, b = torch.cat([g.flatten() for g in ours]), torch.cat([g.flatten() for g in theirs])
         assert b.norm() > 0
         assert (a - b).norm() <= 1e-4 * b.norm()
-    assert len(scores_of) == 1
 
 
 def chat_with_tools(decision: Decision) -> list[dict[str, str]]:
