@@ -37,7 +37,13 @@ from coordgap.models.prepare import (
     sha256_file,
 )
 from coordgap.policies.base import BatchSlot, NoCallReason
-from coordgap.policies.local import LocalChatModel, call_text, shared_kv_sdpa, with_tools
+from coordgap.policies.local import (
+    LocalChatModel,
+    call_text,
+    matmul_dtype,
+    shared_kv_sdpa,
+    with_tools,
+)
 from coordgap.policies.parsing import parse_text_tool_calls
 
 if TYPE_CHECKING:
@@ -420,7 +426,7 @@ def test_free_decoding_records_log_probs_at_its_temperature(smollm2_dir: Path) -
 
 @pytest.mark.numerics
 def test_recorded_log_probs_match_a_full_forward_pass(each_dtype: LocalChatModel) -> None:
-    dtype = str(each_dtype.model.dtype).removeprefix("torch.")
+    dtype = str(matmul_dtype(each_dtype.model)).removeprefix("torch.")
     jobs = [(i, SIX if i % 2 else FOUR, i) for i in range(6)]
     recorded, reference = [], []
     for decision in asyncio.run(decide_all(each_dtype, jobs)):
@@ -432,7 +438,7 @@ def test_recorded_log_probs_match_a_full_forward_pass(each_dtype: LocalChatModel
 
 @pytest.mark.numerics
 def test_grouped_decisions_equal_one_at_a_time(each_dtype: LocalChatModel) -> None:
-    dtype = str(each_dtype.model.dtype).removeprefix("torch.")
+    dtype = str(matmul_dtype(each_dtype.model)).removeprefix("torch.")
     # Prompts of both length parities, both tool sets and two seeds for one prompt.
     jobs = [(i, SIX if i % 4 else FOUR, 7 * i) for i in range(7)] + [(3, SIX, 1)]
     together = asyncio.run(decide_all(each_dtype, jobs))
@@ -450,7 +456,7 @@ def test_grouped_decisions_equal_one_at_a_time(each_dtype: LocalChatModel) -> No
 @pytest.mark.numerics
 def test_one_pass_scorer_matches_the_scorer_it_replaced(each_dtype: LocalChatModel) -> None:
     """The KV-cache-copy scorer's float32 decisions, recorded before it was replaced."""
-    dtype = str(each_dtype.model.dtype).removeprefix("torch.")
+    dtype = str(matmul_dtype(each_dtype.model)).removeprefix("torch.")
     reference = json.loads(REFERENCE.read_text())["jobs"][:REFERENCE_JOBS]
     jobs = [
         (job["conversation"], TOOLS[Protocol(job["protocol"])], job["seed"]) for job in reference
@@ -566,7 +572,7 @@ def test_greedy_decisions_are_deterministic(greedy: LocalChatModel) -> None:
 def test_the_shared_system_turn_is_cached_once_and_changes_nothing(
     each_dtype: LocalChatModel,
 ) -> None:
-    dtype = str(each_dtype.model.dtype).removeprefix("torch.")
+    dtype = str(matmul_dtype(each_dtype.model)).removeprefix("torch.")
     each_dtype.forget_prefixes()
     # Five seats: prompts of three lengths and more, as the padding case needs.
     chats = table_conversations(5)

@@ -33,8 +33,9 @@ from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
 from coordgap.episodes import transcript_row
+from coordgap.policies import local
 from coordgap.policies.base import Decision, NoCallReason
-from coordgap.policies.local import compute_dtype, template_kwargs
+from coordgap.policies.local import DTYPES, compute_dtype, matmul_dtype, template_kwargs
 from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.history import rollout_rewards
@@ -715,9 +716,51 @@ def test_the_probe_measures_how_far_the_policy_moved(
     trained = trainer.probe(probes, SIX)
     assert trained["probe_kl"] > 1e-6
     assert trained["probe_kl_acting"] > 1e-6
-    # The float32 probe leaves the base model's weights as they were, bit for bit.
+    # The float32 probe leaves the base model's weights as they were, bit for bit, its
+    # matrices in the dtype they multiply in.
+    assert matmul_dtype(trainer.model) == compute_dtype(BASE["dtype"], "cpu")
     after = dict(zip([id(p) for p in trainer.model.parameters()], weights, strict=True))
     for parameter in trainer.model.parameters():
         if not parameter.requires_grad:
-            assert parameter.dtype == compute_dtype(BASE["dtype"], "cpu")
+            assert parameter.dtype == after[id(parameter)].dtype
             assert torch.equal(parameter, after[id(parameter)])
+
+
+@pytest.mark.slow
+def test_bf16_acts_on_what_the_adapter_learnt(
+    smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small update (the control's kind: pick_up_right rewarded over pick_up_left, one step
+    at learning rate 2e-5, probe KL about 0.007) shows in bf16 as the policy acts: its probe KL
+    at least 0.9 of the float32 one. Before bf16 was mixed precision (the LoRA's contribution
+    added to bf16 layer outputs and rounded with them) this update's ratio was 0.63.
+
+    The adapter is trained in float32 and loaded as a checkpoint is, into a model whose
+    matrices are multiplied in bf16 on every CPU: where oneDNN has no bf16 kernels (AVX2 only),
+    ``compute_dtype`` would compute in float32 and the ratio would be 1 by construction, so the
+    test asks for bf16 products there too (torch's fallback, slow: three probes only).
+    """
+    run = tiny_run(learning_rate=2e-5)
+    learner = TorchGRPOTrainer(smollm2_dir, run, {**BASE, "dtype": "float32"})
+    chats = table_conversations(2)
+    calls = []
+    for chat in chats:
+        decision = decide(learner, chat)
+        calls += [(choosing(learner, decision, Tool.PICK_UP_RIGHT, run), 1.0)]
+        calls += [(choosing(learner, decision, Tool.PICK_UP_LEFT, run), 0.0)]
+    random.seed(0)
+    assert learner.update([group_of(calls[:2], run), group_of(calls[2:], run)]).rows == 4
+    learner.save(tmp_path / "adapter")
+    probes = probe_conversations(tiny_env(), TEMPLATES, 5)[:3]
+    learnt = learner.probe(probes, SIX)
+
+    monkeypatch.setattr(local, "compute_dtype", lambda dtype, device: DTYPES[dtype])
+    acting = TorchGRPOTrainer(
+        smollm2_dir, run, {**BASE, "dtype": "bfloat16"}, adapter=tmp_path / "adapter"
+    )
+    assert matmul_dtype(acting.model) == torch.bfloat16
+    probe = acting.probe(probes, SIX)
+    # The same adapter in float32, whichever model holds it.
+    assert probe["probe_kl"] == pytest.approx(learnt["probe_kl"], rel=1e-3)
+    assert probe["probe_kl"] > 1e-3
+    assert probe["probe_kl_acting"] >= 0.9 * probe["probe_kl"], probe

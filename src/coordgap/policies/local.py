@@ -74,7 +74,8 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.f
 def compute_dtype(dtype: str, device: str) -> torch.dtype:
     """The dtype a model configured with ``dtype`` computes in on ``device``.
 
-    ``bfloat16`` means bf16 weights computed in bf16, except on a CPU for which oneDNN has no
+    ``bfloat16`` means the decoder's matrices are multiplied in bf16 (:func:`load_weights`),
+    except on a CPU for which oneDNN has no
     bf16 kernels (an AVX2-only CPU): there torch multiplies bf16 matrices in a scalar fallback,
     measured at 1.2 GFLOP/s against float32's 65 on one core of such a machine, so the same
     bf16-rounded weights compute in float32 instead (exactly representable, and closer to the
@@ -161,35 +162,85 @@ def resolve_device(device: str) -> str:
     return device
 
 
+class WeightDtypeLinear(torch.nn.Linear):
+    """A linear layer that multiplies in its weights' dtype and returns its input's.
+
+    With bf16 weights and a float32 input this is a bf16 matrix product (oneDNN's bf16
+    kernels, AMX where the CPU has it) whose result rejoins the float32 computation around it.
+    With float32 weights (``coordgap.training.grpo``'s float32 probe casts them up) it is
+    float32 throughout.
+    """
+
+    @classmethod
+    def of(cls, linear: torch.nn.Linear, dtype: torch.dtype) -> WeightDtypeLinear:
+        """``linear``'s weights and bias, stored in ``dtype``."""
+        layer = cls(
+            linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta"
+        )
+        layer.weight = torch.nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        if linear.bias is not None:
+            layer.bias = torch.nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W^T + b`` in the weights' dtype, returned in ``x``'s."""
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+def matmul_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a loaded model's decoder multiplies its matrices in (see :func:`load_weights`)."""
+    layers = [m for m in model.modules() if isinstance(m, WeightDtypeLinear)]
+    return layers[0].weight.dtype if layers else model.get_input_embeddings().weight.dtype
+
+
 def load_weights(path: Path, dtype: str, device: str) -> PreTrainedModel:
     """A causal LM from ``path`` on ``device``, as the sampler and the trainer both compute it.
 
+    ``bfloat16`` is mixed precision: the decoder's linear layers keep bf16 weights and multiply
+    in bf16 (:class:`WeightDtypeLinear`), the bulk of the work, while everything between them
+    computes in float32: the residual stream, the norms, attention, and a LoRA adapter's
+    products and their sum with the layer's output. A small update is then what the adapter
+    adds to a float32 sum, not an increment that rounding to bf16's 8 bits discards at every
+    layer (README, "GRPO training", measures both). ``float32`` is float32 throughout.
+
     Args:
         path: The prepared model folder.
-        dtype: A key of :data:`DTYPES` (see :func:`compute_dtype`).
+        dtype: A key of :data:`DTYPES` (see :func:`compute_dtype`: the matrices' dtype).
         device: A resolved torch device name (:func:`resolve_device`).
 
     Returns:
-        The model, in the dtype it computes in, with the project's attention.
+        The model, float32 but for its decoder's matrices, with the project's attention.
     """
-    return AutoModelForCausalLM.from_pretrained(
+    model = AutoModelForCausalLM.from_pretrained(
         path,
-        dtype=compute_dtype(dtype, device),
+        dtype=torch.float32,
         attn_implementation=ATTENTION,
         # Where the `kernels` package is installed (ART brings it), transformers swaps layers
         # for kernels fetched from the hub by default; on a GPU that is unpinned code changing
         # the numerics, and on a node without internet access a ValueError (seen on an H200).
         use_kernels=False,
-    ).to(device)
+    )
+    matrices = compute_dtype(dtype, device)
+    if matrices != torch.float32:
+        decoder = model.get_decoder()
+        linears = [
+            (parent, name, child)
+            for parent in decoder.modules()
+            for name, child in parent.named_children()
+            if type(child) is torch.nn.Linear
+        ]
+        for parent, name, child in linears:
+            setattr(parent, name, WeightDtypeLinear.of(child, matrices))
+    return model.to(device)
 
 
 # The most candidate columns the float32 output layer scores in one product (about 100 MB of
 # logits at SmolLM2's vocabulary); see ``LocalChatModel._score_candidates``.
 _HEAD_ROWS = 512
 
-# Shared prefixes whose keys and values are kept (about 8 MB each for SmolLM2-135M's 350-token
-# system turn in bf16). A job has one per table configuration (size, protocol, rounds); more
-# evict the oldest.
+# Shared prefixes whose keys and values are kept (about 16 MB each for SmolLM2-135M's 350-token
+# system turn: attention computes in float32, see ``load_weights``). A job has one per table
+# configuration (size, protocol, rounds); more evict the oldest.
 _KEPT_PREFIXES = 8
 
 
@@ -486,7 +537,7 @@ class LocalChatModel:
             "%s in %s (computed in %s) on %s (adapter: %s), torch threads: %d",
             path,
             dtype,
-            model.dtype,
+            matmul_dtype(model),
             device,
             adapter,
             torch.get_num_threads(),

@@ -26,7 +26,9 @@ sampler renormalises away.
 
 Departures from ART's loop (README, "GRPO training", lists them with whether each is an option):
 
-* The base model computes in its configured dtype (bf16 by default); ART loads it in 4 bits.
+* The base model multiplies its matrices in its configured dtype (bf16 by default, everything
+  between the products in float32: ``coordgap.policies.local.load_weights``); ART loads it in
+  4 bits.
 * AdamW keeps its moments in float32 (ART's ``paged_adamw_8bit`` needs bitsandbytes on a GPU).
 * The output layer runs in float32, and only where a trained position is predicted.
 * The model, and so the rollouts, attend with PyTorch's SDPA, as every evaluation cell does;
@@ -66,6 +68,7 @@ from coordgap.policies.local import (
     candidate_log_probs,
     candidate_row,
     load_weights,
+    matmul_dtype,
     packed_layout,
     resolve_device,
 )
@@ -179,11 +182,9 @@ class TorchGRPOTrainer:
         self.run = run
         self._base = base
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
-        # The sampler's attention, which every evaluation cell uses too: the rollouts share this
-        # model, so the policy that acts is the policy the checkpoints are tested as. (In bf16,
-        # eager attention rounds its probabilities to bf16 and expresses a small update even
-        # less than SDPA does; the update uses it only for its faster backward: log_probs.)
-        # The dtype the sampler computes in, so that the policy trained is the policy that acts.
+        # The sampler's attention and dtype, which every evaluation cell uses too: the rollouts
+        # share this model, so the policy trained is the policy that acts and the policy the
+        # checkpoints are tested as.
         model = load_weights(weights, base["dtype"], device)
         if adapter is None:
             lora = LoraConfig(
@@ -498,9 +499,9 @@ class TorchGRPOTrainer:
         the rollouts' decoding, with the current adapter and with none (the untrained policy,
         mu_0, computed once). Twice: in float32, which measures what the adapter's weights
         learnt, and in the model's own dtype, the policy that acts. In bf16 the two differ by
-        rounding: every change of the weights re-rounds the activations, which moves log mu by
-        up to a few tenths of a nat whatever the update's direction (README, "GRPO training"),
-        so a small update's bf16 KL is mostly rounding and its float32 KL is the learning.
+        the rounding of the matrix products' inputs and outputs; the adapter's contribution and
+        the residual stream stay float32, so the acting policy keeps what was learnt (a test
+        holds its KL to at least 0.9 of the float32 one; README, "GRPO training").
 
         Args:
             conversations: The probe set's conversations (``coordgap.training.probe``).
@@ -513,7 +514,7 @@ class TorchGRPOTrainer:
         """
         acting = self._probe_kl(conversations, tools)
         learnt = acting
-        if self._dtype != torch.float32:
+        if matmul_dtype(self.model) != torch.float32:
             with _in_float32(self.model):
                 learnt = self._probe_kl(conversations, tools)
         shares = learnt.current.exp().mean(dim=0).tolist()
@@ -526,7 +527,7 @@ class TorchGRPOTrainer:
     ) -> _Probe:
         """The current policy's log mu on the probes and its mean KL from mu_0 (same dtype)."""
         current = self.choice_log_probs(conversations, tools)
-        key = repr((self.model.get_input_embeddings().weight.dtype, conversations, tools))
+        key = repr((matmul_dtype(self.model), conversations, tools))
         if key not in self._probe_base:
             with self.model.disable_adapter():
                 self._probe_base[key] = self.choice_log_probs(conversations, tools)
