@@ -102,7 +102,7 @@ rule compare_seeds:
         # The detectable effect's alpha and power: not effect_size, which it does not read.
         alpha=lookup(dpath="analysis/power/alpha", within=config),
         power=lookup(dpath="analysis/power/power", within=config),
-        arms=ARMS,
+        arms=COMPARED_ARMS,
         policies=POLICIES,
     log:
         "logs/compare_seeds/compare_seeds.log",
@@ -115,6 +115,34 @@ rule compare_seeds:
         PROJECT_ENV
     script:
         "../workflow/scripts/compare_seeds.py"
+
+
+# The positive control's check (analysis.control): in the DAG only where the study has one.
+rule check_control:
+    input:
+        episodes=control_tables,
+    output:
+        report(
+            CONTROL_TABLE,
+            caption="../workflow/report/table_control.rst",
+            category="Tables",
+            labels={"table": "positive control"},
+        ),
+    params:
+        code=code_of("check_control"),
+        analysis=analysis_settings("control"),
+        runs=ARMS[CONTROL["run"]] if CONTROL else [],
+    log:
+        "logs/check_control/check_control.log",
+    benchmark:
+        "logs/check_control/check_control.benchmark.tsv"
+    resources:
+        **RESOURCES["light"],
+        **site_resources(),
+    conda:
+        PROJECT_ENV
+    script:
+        "../workflow/scripts/check_control.py"
 
 
 rule compute_power:
@@ -252,6 +280,7 @@ rule write_report:
         training_figures=expand("results/figures/training_{run}.png", run=RUNS),
         histories=expand("results/train/{run}/history.parquet", run=RUNS),
         arm_figures=expand("results/figures/arm_{arm}.png", arm=SEEDED_ARMS),
+        control=control_targets(),
         records=provenance_records(),
         paper_reference="config/paper_reference.yaml",
     output:

@@ -17,6 +17,8 @@ from coordgap.config.play import ModelSpec, cell_episodes
 from coordgap.config.training import (
     arms,
     checkpoint_families,
+    compared_arms,
+    compared_checkpoints,
     evaluated_steps,
     selected_checkpoints,
 )
@@ -65,6 +67,13 @@ SEEDED_ARMS = [arm for arm, runs in ARMS.items() if len(runs) > 1]
 POLICIES = config["evaluation"]["policies"]
 # Selected checkpoints, models named <run>@<policy>: each plays the test grid.
 SELECTED = selected_checkpoints(config)
+# Those the coordination statistics compare, and their arms: all but the positive control's,
+# whose only statistic is its check (CONTROL).
+COMPARED = compared_checkpoints(config)
+COMPARED_ARMS = compared_arms(config)
+# The positive control's check (analysis.control; README "What runs"), or None, and its table.
+CONTROL = config["analysis"]["control"]
+CONTROL_TABLE = "results/stats/control.csv"
 SIZES = config["experiment"]["sizes"]
 VARIANTS = config["reward"]["variants"]
 # The software of the rules, used with --sdm conda; locally, .venv from `make all` runs them
@@ -307,11 +316,9 @@ def selected_episodes(wildcards):
     return cell_episodes(config, run_entry(wildcards)["base_model"])
 
 
-def test_targets():
-    """Every test table of every selected checkpoint: <run>@<policy> x sizes."""
-    return [
-        f"results/test/{name}/n{size}.parquet" for name in SELECTED for size in SIZES
-    ]
+def test_targets(names=SELECTED):
+    """Every test table of the selected checkpoints ``names``: <run>@<policy> x sizes."""
+    return [f"results/test/{name}/n{size}.parquet" for name in names for size in SIZES]
 
 
 def arm_histories(wildcards):
@@ -335,16 +342,32 @@ def episode_targets():
 
 
 def analysis_tables():
-    """The episode tables the statistics read: every model x N cell of the grid, the selected
-    checkpoints' (models named <run>@<policy>) included."""
-    return episode_targets() + test_targets()
+    """The episode tables the coordination statistics read: every model x N cell of the grid,
+    the compared selected checkpoints' (models named <run>@<policy>) included."""
+    return episode_targets() + test_targets(COMPARED)
 
 
 def metric_targets():
     """The headline numbers for `dvc metrics`: a JSON file per model of analysis_tables(),
-    the grid's models and the selected checkpoints. Files, not the folder as a directory
-    output, into which Snakemake would write a .snakemake_timestamp that DVC shows as a row."""
-    return [f"{METRICS}/{name}.json" for name in [*MODELS, *SELECTED]]
+    the grid's models and the compared selected checkpoints. Files, not the folder as a
+    directory output, into which Snakemake would write a .snakemake_timestamp that DVC shows
+    as a row."""
+    return [f"{METRICS}/{name}.json" for name in [*MODELS, *COMPARED]]
+
+
+def control_tables(wildcards):
+    """The episode tables of the control check: each seed's selected checkpoint at the check's
+    N, and the model's cell it is compared with."""
+    n, policy = CONTROL["n"], CONTROL["policy"]
+    return [
+        *(f"results/test/{run}@{policy}/n{n}.parquet" for run in ARMS[CONTROL["run"]]),
+        f"results/episodes/{CONTROL['model']}/n{n}.parquet",
+    ]
+
+
+def control_targets():
+    """The control check's table, where the study has a positive control."""
+    return [CONTROL_TABLE] if CONTROL else []
 
 
 def provenance_of(kind):
@@ -420,6 +443,7 @@ def final_targets():
                 "monitors",
             ],
         ),
+        *control_targets(),
         *metric_targets(),
         *(str(Path(png).with_suffix(ext)) for png in figures for ext in (".png", ".pdf", ".csv")),
         REPORT,

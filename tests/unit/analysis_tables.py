@@ -9,9 +9,16 @@ from typing import Any
 import polars as pl
 
 from coordgap.analysis.comparisons import write_comparisons, write_power
+from coordgap.analysis.control import control_table
 from coordgap.analysis.monitors import write_monitors
 from coordgap.analysis.stats import StatsOutputs, write_stats
-from coordgap.config.analysis import AnalysisConfig, ComparisonConfig, MonitorConfig, PowerConfig
+from coordgap.config.analysis import (
+    AnalysisConfig,
+    ComparisonConfig,
+    ControlConfig,
+    MonitorConfig,
+    PowerConfig,
+)
 from coordgap.config.play import EnvironmentConfig, ScriptedPolicy
 from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA, STEP_SCHEMA, EpisodeSeeds
 from coordgap.env.protocols import Protocol
@@ -127,6 +134,38 @@ def episode(
 def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     """Build an episode table with the contract's dtypes."""
     return pl.DataFrame(rows, schema=EPISODE_SCHEMA)
+
+
+# The positive control of the control tests: arm `control`, its seeds' `last` checkpoints
+# against the base model at N = 5, which must rise by 0.10 in every seed.
+CONTROL = ControlConfig(run="control", model="base", policy="last", n=5, min_gain=0.10)
+CONTROL_RUNS = ("control-s1", "control-s2", "control-s3")
+# Decisions of each control episode: 5 seats x 5 rounds x 2, so that shares are fiftieths.
+CONTROL_DECISIONS = 50
+
+
+def reaching(model: str, rights: list[int], *, status: str = "ok") -> list[dict[str, Any]]:
+    """A cell of N = 5 episodes whose decisions reach for the right fork ``rights[i]`` times of
+    ``CONTROL_DECISIONS`` each, the rest for the left fork, and no meal or deadlock."""
+    return [
+        episode(model, 5, i, status=status)
+        | {
+            "calls_pick_up_right": right,
+            "calls_pick_up_left": CONTROL_DECISIONS - right,
+            "decisions": CONTROL_DECISIONS,
+        }
+        for i, right in enumerate(rights)
+    ]
+
+
+def control_check(seeds: list[list[int]], base: list[int]) -> pl.DataFrame:
+    """The control check of the base model's cell ``base`` and each seed's ``last`` cell,
+    their episodes' right-fork reaches out of ``CONTROL_DECISIONS`` (an empty seed: only
+    error episodes)."""
+    rows = reaching("base", base)
+    for run, rights in zip(CONTROL_RUNS, seeds, strict=True):
+        rows += reaching(f"{run}@last", rights) or reaching(f"{run}@last", [0], status="error")
+    return control_table(frame(rows), CONTROL_RUNS, CONTROL)
 
 
 def table(sizes: tuple[int, ...] = (5,)) -> pl.DataFrame:

@@ -18,6 +18,7 @@ from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import proportion_confint
 
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, compare, two_sample_tests
+from coordgap.analysis.control import CONTROL_SCHEMA, write_control
 from coordgap.analysis.stats import (
     SEAT_SCHEMA,
     component_table,
@@ -34,9 +35,13 @@ from coordgap.env.variants import RewardVariant, reward_expr
 from tests.unit.analysis_tables import (
     COMPARE,
     CONFIG,
+    CONTROL,
+    CONTROL_RUNS,
     Written,
+    control_check,
     episode,
     frame,
+    reaching,
     table,
     write_tables,
 )
@@ -400,3 +405,49 @@ def test_write_csv_rounds_and_writes_no_nan_and_no_negative_zero(tmp_path: Path)
     values = [-0.0, -1e-9, 0.1234567, None, math.nan]
     write_csv(pl.DataFrame({"x": values, "k": range(5)}), path)
     assert path.read_text().splitlines() == ["x,k", "0.0,0", "0.0,1", "0.123457,2", ",3", ",4"]
+
+
+def test_the_control_check_passes_only_when_every_seed_gains_the_threshold() -> None:
+    # The base model reaches right in 10 of 50 decisions (0.2); the seeds gain 0.16, 0.12 and
+    # exactly the threshold, 0.10, which passes (0.3 - 0.2 is 0.09999999999999998 in floats).
+    passing = control_check([[18, 18], [16, 16], [15, 15]], base=[10, 10, 10])
+    assert passing.columns == list(CONTROL_SCHEMA)
+    seeds = passing.filter(pl.col("level") == "seed")
+    assert seeds["name"].to_list() == [f"{run}@last" for run in CONTROL_RUNS]
+    assert seeds["episodes"].to_list() == [2, 2, 2]
+    assert seeds["share"].to_list() == pytest.approx([0.36, 0.32, 0.30])
+    assert seeds["gain"].to_list() == pytest.approx([0.16, 0.12, 0.10])
+    assert seeds["passed"].to_list() == [True, True, True]
+    arm = passing.filter(pl.col("level") == "arm").row(0, named=True)
+    assert (arm["name"], arm["n"], arm["episodes"]) == ("control@last", 5, 6)
+    assert (arm["model"], arm["model_episodes"], arm["min_gain"]) == ("base", 3, 0.10)
+    assert arm["model_share"] == pytest.approx(0.2)
+    assert arm["share"] == pytest.approx((0.36 + 0.32 + 0.30) / 3)
+    assert arm["gain"] == pytest.approx(0.10)  # the smallest seed's: it decides the verdict
+    assert arm["passed"]
+
+    # One seed short of the threshold fails the arm, however far the others moved; so does a
+    # seed whose cell has only error episodes (no share to compare).
+    short = control_check([[40, 40], [14, 14], [15, 15]], base=[10, 10, 10])
+    assert short["passed"].to_list() == [True, False, True, False]
+    assert short.filter(pl.col("level") == "arm")["gain"].item() == pytest.approx(0.08)
+    errored = control_check([[20], [20], []], base=[12])
+    assert errored["passed"].to_list() == [True, True, False, False]
+    assert errored["share"].to_list()[2:] == [None, None]
+    assert errored["episodes"].to_list() == [1, 1, 0, 2]
+
+
+def test_the_control_check_reads_only_its_cells_and_writes_its_table(tmp_path: Path) -> None:
+    # Another size and another policy of the same runs are not the check's cells.
+    rows = reaching("base", [12, 12]) + reaching("control-s1@best_val", [0])
+    for run in CONTROL_RUNS:
+        rows += reaching(f"{run}@last", [30])
+        rows += [row | {"n": 7} for row in reaching(f"{run}@last", [0])]
+    path = tmp_path / "episodes.parquet"
+    frame(rows).write_parquet(path)
+    out = tmp_path / "control.csv"
+    write_control([path], CONTROL_RUNS, CONTROL, out)
+    written = read_table(out, CONTROL_SCHEMA)
+    assert written["share"].to_list() == pytest.approx([0.6, 0.6, 0.6, 0.6])
+    assert written["gain"].to_list() == pytest.approx([0.36] * 4)
+    assert written["passed"].all()

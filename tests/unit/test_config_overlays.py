@@ -12,7 +12,12 @@ from coordgap.cli import main
 from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import SCHEMA, ConfigError, check_schema
 from coordgap.config.overlays import merge, resolve
-from coordgap.config.training import arms
+from coordgap.config.training import (
+    arms,
+    checkpoint_families,
+    compared_arms,
+    compared_checkpoints,
+)
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -273,4 +278,93 @@ def test_the_runs_of_one_arm_train_one_base_model(tmp_path):
     config["models"]["other"] = config["models"]["smollm2-135m"]
     config["training"]["runs"]["mine"] = other | {"base_model": "other", "arm": "smollm2-grpo"}
     with pytest.raises(ConfigError, match=r"'training\.runs\.mine\.arm': the runs of arm"):
+        check_cross_keys(config)
+
+
+def _control_study(tmp_path, control: dict | None = None, **analysis) -> dict:
+    """The default study beside a positive-control arm of two seeds, trained on the control
+    reward, with the control check ``control`` (the valid one by default) and ``analysis``."""
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    recipe = {k: v for k, v in default["training"]["runs"]["smollm2-grpo"].items() if k != "seed"}
+    arm = recipe | {"seeds": [1, 2], "reward": {**recipe["reward"], "variant": "control"}}
+    check = {"run": "control", "model": "smollm2-135m", "policy": "last", "n": 5, "min_gain": 0.1}
+    study = _write(
+        tmp_path,
+        "study.yaml",
+        {
+            "base": str(ROOT / "config" / "config.yaml"),
+            "training": {"runs": {"control": arm}},
+            "analysis": {"control": check | (control or {}), **analysis},
+        },
+    )
+    return resolve([study]).config
+
+
+def test_a_control_arm_is_checked_and_enters_no_comparison(tmp_path):
+    config = _control_study(tmp_path)
+    check_schema(copy.deepcopy(config))
+    check_cross_keys(config)
+    assert arms(config)["control"] == ["control-s1", "control-s2"]
+    assert list(compared_arms(config)) == ["smollm2-grpo"]
+    assert all(run == "smollm2-grpo" for run, _ in compared_checkpoints(config).values())
+    assert all(not family.startswith("control") for family in checkpoint_families(config))
+    # Without a control section nothing is checked, and the default has none.
+    assert resolve([ROOT / "config" / "config.yaml"]).config["analysis"]["control"] is None
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [
+        (["control", "paper"], r"'reward\.variants\[0\]': 'control' cannot be the headline"),
+        (["paper", "control"], r"'reward\.variants\[1\]': 'control' cannot be a coordination"),
+    ],
+)
+def test_the_control_reward_is_never_a_coordination_reward(tmp_path, variants, message):
+    config = _control_study(tmp_path)
+    config["reward"]["variants"] = variants
+    check_schema(copy.deepcopy(config))
+    with pytest.raises(ConfigError, match=message):
+        check_cross_keys(config)
+
+
+@pytest.mark.parametrize(
+    ("control", "message"),
+    [
+        ({"run": "placebo"}, r"'analysis\.control\.run': unknown training run 'placebo'"),
+        ({"run": "smollm2-grpo"}, r"'analysis\.control\.run': 'smollm2-grpo' trains on the"),
+        ({"model": "random"}, r"'analysis\.control\.model': 'random' is not the model"),
+        ({"policy": "lcb_val"}, r"'analysis\.control\.policy': 'lcb_val' is not in evaluation"),
+        ({"n": 7}, r"'analysis\.control\.n': 7 is not in experiment\.sizes"),
+    ],
+)
+def test_a_bad_control_check_is_named_before_anything_runs(tmp_path, control, message):
+    config = _control_study(tmp_path, control)
+    check_schema(copy.deepcopy(config))
+    with pytest.raises(ConfigError, match=message):
+        check_cross_keys(config)
+
+
+@pytest.mark.parametrize("min_gain", [0, -0.1, 1.5, "ten points"])
+def test_a_bad_control_threshold_is_named_by_the_schema(tmp_path, min_gain):
+    config = _control_study(tmp_path, {"min_gain": min_gain})
+    with pytest.raises(WorkflowError, match=r"\['analysis'\]\['control'\]\['min_gain'\]"):
+        check_schema(config)
+
+
+@pytest.mark.parametrize(
+    ("analysis", "message"),
+    [
+        (
+            {"comparisons": [["control-s1@last", "smollm2-135m"]]},
+            r"'analysis\.comparisons\[0\]\[0\]': 'control-s1@last' is a control run's",
+        ),
+        (
+            {"seed_comparisons": [["control@last", "smollm2-135m"]]},
+            r"'analysis\.seed_comparisons\[0\]\[0\]': 'control@last' is a control arm",
+        ),
+    ],
+)
+def test_a_comparison_naming_the_control_arm_is_refused(tmp_path, analysis, message):
+    config = _control_study(tmp_path, **analysis)
+    with pytest.raises(ConfigError, match=message):
         check_cross_keys(config)

@@ -14,7 +14,7 @@ from coordgap.analysis.monitors import monitor
 from coordgap.analysis.seeds import SEED_COMPARISON_SCHEMA
 from coordgap.analysis.stats import summarize
 from coordgap.env.variants import RewardVariant
-from tests.unit.analysis_tables import CONFIG, MONITORS, POWER, table
+from tests.unit.analysis_tables import CONFIG, MONITORS, POWER, control_check, table
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +55,7 @@ def findings(
     comparisons: list[dict[str, Any]],
     selections: list[dict[str, Any]],
     seed_pairs: list[dict[str, Any]] | None = None,
+    control: pl.DataFrame | None = None,
 ) -> str:
     summary, monitors, power = tables
     return findings_section(
@@ -69,6 +70,7 @@ def findings(
         seed_comparisons=(
             None if seed_pairs is None else pl.DataFrame(seed_pairs, schema=SEED_COMPARISON_SCHEMA)
         ),
+        control=control,
     )
 
 
@@ -138,3 +140,33 @@ def test_seeds_state_the_primary_familys_verdict_and_what_it_rules_out(tables):
     )
     # Without seed comparisons (one seed per run) there is no such finding.
     assert "**Seeds.**" not in findings(tables, [], [])
+
+
+def test_the_positive_control_is_the_first_finding_whether_it_moved_or_not(tables):
+    # The base model reaches right in 0.2 of its decisions; every seed gains 0.10 or more.
+    moved = control_check([[18, 18], [16, 16], [15, 15]], base=[10, 10, 10])
+    text = findings(tables, [], [selection({"last": 3})], control=moved)
+    first = text.split("\n\n")[2].splitlines()[0]
+    assert first == bullet(text, "Positive control")
+    assert first.startswith(
+        "- **Positive control.** The positive control moved: at N=5 the share of "
+        "`control@last`'s decisions that reach for the right fork gained +0.10 to +0.16 over "
+        "`base`'s 0.20 in all 3 seeds (threshold +0.10, stated before the run)."
+    )
+
+    # One seed short, one without an ok episode: the study could not move the model.
+    stuck = control_check([[40, 40], [14, 14], []], base=[10, 10, 10])
+    text = findings(tables, [], [selection({"last": 3})], control=stuck)
+    assert text.split("\n\n")[2].splitlines()[0] == bullet(text, "Positive control")
+    assert bullet(text, "Positive control") == (
+        "- **Positive control.** The positive control did not move: at N=5 the share of "
+        "`control@last`'s decisions that reach for the right fork gained less than the "
+        "threshold over `base`'s 0.20 in 2 of 3 seeds (`control-s2@last` +0.08; "
+        "`control-s3@last` no ok episode; threshold +0.10, stated before the run). The "
+        "study's training budget could not move the model, so its null results read as 'not "
+        "trained enough', not as 'GRPO cannot'."
+    )
+    # Without a control check there is no such finding, and the cell sizes come first.
+    plain = findings(tables, [], [])
+    assert "**Positive control.**" not in plain
+    assert plain.split("\n\n")[2].startswith("- **Cell sizes.**")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from coordgap.analysis.catalog import figure_catalog
+from coordgap.analysis.control import write_control
 from coordgap.analysis.paper import check_published
 from coordgap.analysis.report import ReportInputs, write_report
 from coordgap.analysis.stats import summarize
@@ -22,9 +24,12 @@ from tests.conftest import ROOT, TINY_CONFIG
 from tests.unit.analysis_tables import (
     COMPARE,
     CONFIG,
+    CONTROL,
+    CONTROL_RUNS,
     PAPER_REFERENCE,
     episode,
     frame,
+    reaching,
     table,
     write_tables,
 )
@@ -235,6 +240,45 @@ def test_report_regenerates_byte_identically(
     write_report(inputs, study_config(), PROVENANCE, again)
     assert again.read_bytes() == out_md.read_bytes()
     assert text == again.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("seed_3", "verdict"), [(15, "moved"), (14, "did not move")])
+def test_the_control_check_opens_the_findings_and_has_its_own_section(
+    report: tuple[str, ReportInputs, Path], tmp_path: Path, seed_3: int, verdict: str
+) -> None:
+    # The base model reaches right in 0.2 of its decisions; seeds 1 and 2 gain 0.16 and 0.12,
+    # seed 3 exactly the threshold (0.10) or 0.08.
+    rows = reaching("base", [10, 10, 10])
+    for run, rights in zip(CONTROL_RUNS, (18, 16, seed_3), strict=True):
+        rows += reaching(f"{run}@last", [rights, rights])
+    episodes = tmp_path / "control.parquet"
+    frame(rows).write_parquet(episodes)
+    control = tmp_path / "results" / "stats" / "control.csv"
+    control.parent.mkdir(parents=True)
+    write_control([episodes], CONTROL_RUNS, CONTROL, control)
+    _, inputs, _ = report
+    out_md = tmp_path / "results" / "report.md"
+    write_report(dataclasses.replace(inputs, control=control), study_config(), PROVENANCE, out_md)
+    text = out_md.read_text(encoding="utf-8")
+
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert headings[:3] == ["Findings", "Positive control", "Rewards"]
+    findings = section(text, "Findings")
+    first = next(line for line in findings.splitlines() if line.startswith("- "))
+    assert first.startswith(f"- **Positive control.** The positive control {verdict}: at N=5")
+    check = section(text, "Positive control")
+    assert "r = (calls_pick_up_right + calls_grab_right) / decisions" in check
+    assert "Data: [control.csv](stats/control.csv)." in check
+    passed = "yes" if seed_3 == 15 else "**no**"
+    assert "| `control-s1@last` | 5 | 2 | 0.360 | 0.200 | 0.160 | yes |" in check
+    assert f"| `control-s3@last` | 5 | 2 | {seed_3 / 50:.3f} | 0.200 |" in check
+    mean, gain = (18 + 16 + seed_3) / 150, seed_3 / 50 - 0.2
+    assert check.rstrip().endswith(
+        f"| `control@last` (all seeds) | 5 | 6 | {mean:.3f} | 0.200 | {gain:.3f} | {passed} |"
+    )
+    # The control reward is no variant of the coordination tables.
+    assert "`control` reward" not in section(text, "Rewards")
+    assert "control" not in section(text, "Comparisons")
 
 
 def test_provenance_digest_is_canonical_and_commit_is_read(tmp_path: Path) -> None:

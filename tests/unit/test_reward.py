@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from coordgap.config.keys import SCHEMA
+from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA
 from coordgap.env.reward import RewardComponents, components
 from coordgap.env.variants import (
     VARIANT_COMPONENTS,
@@ -108,7 +109,7 @@ def test_shaped_idle_is_zero_without_any_decision() -> None:
     assert reward(frame, RewardVariant.SHAPED) == 1.0
 
 
-@pytest.mark.parametrize("variant", list(RewardVariant))
+@pytest.mark.parametrize("variant", list(VARIANT_COMPONENTS))
 def test_weights_scale_each_component(variant: RewardVariant) -> None:
     """Each weight multiplies its own term: bumping one weight by 1 moves the reward by exactly
     that term (with its sign), and all-zero weights give 0."""
@@ -214,9 +215,46 @@ def test_the_schema_names_exactly_the_variants_that_have_formulas() -> None:
     # reward.variants and a training run's reward.variant.
     assert len(enums) == 2
     for enum in enums:
-        assert set(enum) == set(RewardVariant) == set(VARIANT_COMPONENTS)
+        # Every variant but the positive control is a weighted sum of components.
+        assert set(enum) == set(RewardVariant) == {*VARIANT_COMPONENTS, RewardVariant.CONTROL}
 
 
 def test_a_name_without_a_formula_raises_instead_of_falling_through() -> None:
     with pytest.raises(KeyError):
         component_exprs("greedy")  # type: ignore[arg-type]
+
+
+def calls_frame(rows: list[dict[str, int]]) -> pl.DataFrame:
+    """Episode rows with the given ``calls_<tool>`` counts and decisions, every other column of
+    the episode contract null: the control reward reads only those."""
+    full = [dict.fromkeys(EPISODE_SCHEMA) | dict.fromkeys(CALL_COLUMNS, 0) | row for row in rows]
+    return pl.DataFrame(full, schema=EPISODE_SCHEMA)
+
+
+def test_the_control_reward_is_the_share_of_decisions_that_reach_right() -> None:
+    frame = calls_frame(
+        [
+            # tools6: 7 right of 25 decisions; the left reaches, eats and no-calls count only
+            # as decisions.
+            {"calls_pick_up_right": 7, "calls_pick_up_left": 14, "calls_eat": 1, "decisions": 25},
+            # dpbench4: grab_right is its reach for the right fork.
+            {"calls_grab_right": 3, "calls_grab_left": 5, "calls_wait": 2, "decisions": 10},
+            # No decision at all (an episode cut off before its first turn): 0, not NaN.
+            {"decisions": 0},
+            # Every decision a right reach: the maximum.
+            {"calls_pick_up_right": 25, "decisions": 25},
+            # A third, rounded to REWARD_DECIMALS like every reward.
+            {"calls_pick_up_right": 1, "decisions": 3},
+        ]
+    )
+    rewards = frame.select(reward_expr(RewardVariant.CONTROL, PAPER))["reward"].to_list()
+    assert rewards == [0.28, 0.3, 0.0, 1.0, 0.333333333]
+    # The weights do not enter it.
+    others = frame.select(reward_expr(RewardVariant.CONTROL, RewardWeights(0.0, 9.0, 9.0, 9.0)))
+    assert others["reward"].to_list() == rewards
+
+
+def test_the_control_has_no_components() -> None:
+    # The components table and figure never see it: reward.variants refuses it.
+    with pytest.raises(KeyError):
+        component_exprs(RewardVariant.CONTROL)

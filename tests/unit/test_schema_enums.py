@@ -13,7 +13,7 @@ from coordgap.config.play import ModelKind, ScriptedPolicy
 from coordgap.config.training import Trainer, TrainingRunConfig
 from coordgap.env.protocols import Protocol
 from coordgap.env.table import TieBreak, TurnOrder
-from coordgap.env.variants import VARIANT_COMPONENTS
+from coordgap.env.variants import RewardVariant
 from coordgap.evaluation.selection import RANKINGS
 from coordgap.policies.factory import BACKENDS
 from coordgap.policies.local import DTYPES, Decoding
@@ -30,8 +30,8 @@ CODE_VALUES: dict[str, set[str]] = {
     "tie_break": set(TieBreak),
     "kind": set(ModelKind),
     "policies": set(RANKINGS),
-    "variants": set(VARIANT_COMPONENTS),
-    "variant": set(VARIANT_COMPONENTS),
+    "variants": set(RewardVariant),
+    "variant": set(RewardVariant),
     "policy": set(SCRIPTED_POLICIES),
     "dtype": set(DTYPES),
     "decoding": set(typing.get_args(Decoding)),

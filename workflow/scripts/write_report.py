@@ -25,6 +25,8 @@ with job_log(snakemake.log[0], "write_report"):
             seeds=Path(given.seeds),
             seed_comparisons=Path(given.seed_comparisons),
             arm_figures=[Path(png) for png in given.arm_figures],
+            # The control check's table, where the study has a positive control.
+            control=next((Path(csv) for csv in given.control), None),
             records=[Path(path) for path in given.records],
         ),
         config=snakemake.params.config,

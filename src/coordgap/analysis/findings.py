@@ -3,6 +3,11 @@
 Every sentence is generated from the statistics tables and the checkpoint selections, never
 written by hand, so a run that finds nothing says so. The findings, in order:
 
+* **positive control**, first, where the study has one (``analysis.control``): whether
+  training moved the right-fork share of the control arm by the stated threshold in every seed
+  (:mod:`coordgap.analysis.control`). If it did not, the study's training budget could not move
+  the model, and every null result below reads as "not trained enough". The control arm is in
+  no other finding: the statistics tables below do not include it;
 * **cell sizes**: the smallest cell, the smallest effect a comparison at that size detects (from
   the power table), and which models' cells are below :data:`SMALL_CELL` episodes, whose
   numbers are a smoke run of the machinery rather than an estimate;
@@ -179,6 +184,38 @@ def _training(
     )
 
 
+def _gain(row: dict[str, Any]) -> str:
+    """A seed's gain, or why it has none."""
+    return "no ok episode" if row["gain"] is None else f"{row['gain']:+.2f}"
+
+
+def _control(control: pl.DataFrame) -> str:
+    seeds = control.filter(pl.col("level") == "seed")
+    arm = control.filter(pl.col("level") == "arm").row(0, named=True)
+    base = "no ok episode" if arm["model_share"] is None else f"{arm['model_share']:.2f}"
+    share = (
+        f"at N={arm['n']} the share of `{arm['name']}`'s decisions that reach for the right fork "
+        "gained"
+    )
+    threshold = f"threshold +{arm['min_gain']:.2f}, stated before the run"
+    if arm["passed"]:
+        gains = _range(seeds["gain"].to_list(), lambda v: f"{v:+.2f}")
+        return (
+            f"**Positive control.** The positive control moved: {share} {gains} over "
+            f"`{arm['model']}`'s {base} in all {seeds.height} seeds ({threshold}). The study's "
+            "training budget can move the model, so a null result below is about what its arms "
+            "reward, not a budget too small to move anything."
+        )
+    failed = [row for row in seeds.iter_rows(named=True) if not row["passed"]]
+    missed = "; ".join(f"`{row['name']}` {_gain(row)}" for row in failed)
+    return (
+        f"**Positive control.** The positive control did not move: {share} less than the "
+        f"threshold over `{arm['model']}`'s {base} in {len(failed)} of {seeds.height} seeds "
+        f"({missed}; {threshold}). The study's training budget could not move the model, so "
+        "its null results read as 'not trained enough', not as 'GRPO cannot'."
+    )
+
+
 def _checkpoints(selections: Sequence[dict[str, Any]]) -> str:
     parts = []
     for selection in selections:
@@ -265,6 +302,7 @@ def findings_section(
     alpha: float,
     degenerate_reward: float,
     seed_comparisons: pl.DataFrame | None = None,
+    control: pl.DataFrame | None = None,
 ) -> str:
     """The report's Findings: a few generated sentences and a per-model table.
 
@@ -274,15 +312,18 @@ def findings_section(
         monitors: The monitors table.
         power: The power table (its ``ours`` rows give each cell size's detectable effect).
         selections: Every training run's selection, in config order.
-        variant: The headline reward variant (the first configured).
+        variant: The headline reward variant (the first configured; never ``control``).
         alpha: The comparisons' significance level.
         degenerate_reward: The ``degenerate`` monitor's reward threshold.
         seed_comparisons: The seed-level comparisons, where the study trains several seeds.
+        control: The positive control's check (``coordgap.analysis.control``), where the study
+            has one: its outcome is the first finding.
 
     Returns:
         Markdown, starting with its heading.
     """
     findings = [
+        *([_control(control)] if control is not None else []),
         _cell_sizes(summary, power),
         *filter(None, [_errors(summary)]),
         _deadlock(summary),

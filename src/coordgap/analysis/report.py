@@ -20,6 +20,7 @@ import yaml
 
 from coordgap.analysis.catalog import figure_catalog
 from coordgap.analysis.comparisons import COMPARISON_SCHEMA, POWER_SCHEMA
+from coordgap.analysis.control import CONTROL_SCHEMA
 from coordgap.analysis.findings import findings_section
 from coordgap.analysis.monitors import MONITOR_SCHEMA, MONITORS, flagged
 from coordgap.analysis.paper import Check, check_published, reward_variant_of_paper
@@ -56,6 +57,11 @@ _DEFINITIONS: dict[RewardVariant, str] = {
         "counts as half a meal of throughput and earns the no-deadlock bonus as a meal does, "
         "and that unfairness counts only beyond the most even split of the meals"
     ),
+    RewardVariant.CONTROL: (
+        "r = (calls_pick_up_right + calls_grab_right) / decisions, 0 without a decision: the "
+        "share of decisions that reach for the right fork, no weighted sum and no "
+        "coordination reward"
+    ),
 }
 
 
@@ -79,6 +85,7 @@ class ReportInputs:
         seeds: ``results/stats/seeds.csv`` (every arm seed by seed), if the study trains.
         seed_comparisons: ``results/stats/seed_comparisons.csv``, if the study trains.
         arm_figures: The figures of the arms of several seeds (``arm_<arm>.png``).
+        control: ``results/stats/control.csv``, if the study has a positive control.
         records: The provenance records of every output the statistics read (episodes,
             training, validation, tests); each must match the current config.
     """
@@ -97,6 +104,7 @@ class ReportInputs:
     seeds: Path | None = None
     seed_comparisons: Path | None = None
     arm_figures: Sequence[Path] = field(default_factory=tuple)
+    control: Path | None = None
     records: Sequence[Path] = field(default_factory=tuple)
 
 
@@ -158,6 +166,32 @@ def _setup_section(config: dict[str, Any], provenance: Provenance, records: int)
         f"Models: {', '.join(models)}."
     )
     return "## Setup\n\n" + design + "\n\n" + _table(["Item", "Value"], facts)
+
+
+def _control_section(control: pl.DataFrame, csv: str) -> str:
+    rows = [
+        [
+            f"`{row['name']}`" + (" (all seeds)" if row["level"] == "arm" else ""),
+            str(row["n"]),
+            str(row["episodes"]),
+            _number(row["share"]),
+            _number(row["model_share"]),
+            _number(row["gain"]),
+            "yes" if row["passed"] else "**no**",
+        ]
+        for row in control.iter_rows(named=True)
+    ]
+    first = control.row(0, named=True)
+    header = ["Checkpoint", "N", "Episodes", "Right-fork share", "Model's share", "Gain"]
+    return (
+        "## Positive control\n\nThe control arm trains on the `control` reward: "
+        f"{_DEFINITIONS[RewardVariant.CONTROL]}. It measures whether the study's training can "
+        "move the policy at all, and enters no other table. A seed passes when its selected "
+        f"checkpoint's share (the mean over its ok episodes) exceeds `{first['model']}`'s by at "
+        f"least {first['min_gain']:g}; the arm passes when every seed does (its row: the mean "
+        f"share and the smallest gain). Data: [{Path(csv).name}]({csv}).\n\n"
+        + _table([*header, "Passed"], rows)
+    )
 
 
 def _method_section(comparing: ComparisonConfig, monitors: MonitorConfig) -> str:
@@ -663,6 +697,10 @@ def write_report(
         if seed_comparisons is not None
         else None
     )
+    control = read_table(inputs.control, CONTROL_SCHEMA) if inputs.control else None
+    control_check = (
+        _control_section(control, _link(inputs.control, out_md)) if control is not None else None
+    )
     findings = findings_section(
         summary,
         comparisons,
@@ -673,10 +711,12 @@ def write_report(
         alpha=comparing.power.alpha,
         degenerate_reward=monitor_config.degenerate_reward,
         seed_comparisons=seed_comparisons,
+        control=control,
     )
     sections = [
         "# coordgap results: LLM agents at the dining-philosophers table",
         findings,
+        *([control_check] if control_check else []),
         _rewards_section(summary, monitors, analysis),
         _behaviour_section(summary),
         _comparisons_section(comparisons),

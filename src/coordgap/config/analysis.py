@@ -126,3 +126,34 @@ class MonitorConfig:
             degenerate_reward=float(settings.pop("degenerate_reward")),
             thresholds=MappingProxyType({share: float(t) for share, t in settings.items()}),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """The positive control, stated before any result (``analysis.control``).
+
+    Attributes:
+        run: The control arm: a ``training.runs`` entry trained on the ``control`` reward.
+        model: The model it is compared with: the arm's base model.
+        policy: The selection policy whose checkpoints are checked.
+        n: The table size of the check.
+        min_gain: The smallest rise of the right-fork share over the model's, in every seed,
+            that passes.
+    """
+
+    run: str
+    model: str
+    policy: str
+    n: int
+    min_gain: float
+
+    @classmethod
+    def from_dict(cls, section: dict[str, Any]) -> ControlConfig:
+        """Build from the validated ``analysis.control`` section (not null)."""
+        return cls(
+            run=section["run"],
+            model=section["model"],
+            policy=section["policy"],
+            n=int(section["n"]),
+            min_gain=float(section["min_gain"]),
+        )

@@ -17,8 +17,12 @@ from coordgap.config.play import (
     cell_episodes,
     template_fields,
 )
-from coordgap.config.training import arms, selected_checkpoints
+from coordgap.config.training import arms, compared_arms, compared_checkpoints, is_control
+from coordgap.env.variants import RewardVariant
 from coordgap.models.prepare import parse_source
+
+# Why a control arm's checkpoints enter no comparison, for the errors that refuse them.
+_CONTROL_ONLY = "the positive control enters no comparison; analysis.control checks it"
 
 
 def check_cross_keys(config: dict[str, Any]) -> None:
@@ -33,13 +37,15 @@ def check_cross_keys(config: dict[str, Any]) -> None:
         ConfigError: On the first problem, naming the offending key.
     """
     models = {name: ModelSpec.from_dict(name, entry) for name, entry in config["models"].items()}
-    known = set(models) | set(selected_checkpoints(config))
+    known = set(models) | set(compared_checkpoints(config))
+    controls = _control_selections(config)
     for i, pair in enumerate(config["analysis"]["comparisons"]):
         for j, name in enumerate(pair):
+            key = f"config key 'analysis.comparisons[{i}][{j}]'"
+            if name in controls:
+                raise ConfigError(f"{key}: '{name}' is a control run's checkpoint: {_CONTROL_ONLY}")
             if name not in known:
-                raise ConfigError(
-                    f"config key 'analysis.comparisons[{i}][{j}]': unknown model '{name}'"
-                )
+                raise ConfigError(f"{key}: unknown model '{name}'")
         if pair[0] == pair[1]:
             raise ConfigError(f"config key 'analysis.comparisons[{i}]': a model against itself")
     sizes = config["experiment"]["sizes"]
@@ -62,15 +68,69 @@ def check_cross_keys(config: dict[str, Any]) -> None:
     _check_scenarios(config)
     _check_timeline(config)
     _check_arms(config)
+    _check_control(config)
+
+
+def _control_selections(config: dict[str, Any]) -> set[str]:
+    """The selections of every control run, by run and by arm (``<run or arm>@<policy>``)."""
+    controls = [
+        (run, entry) for run, entry in config["training"]["runs"].items() if is_control(entry)
+    ]
+    owners = {run for run, _ in controls} | {entry.get("arm", run) for run, entry in controls}
+    return {f"{owner}@{policy}" for owner in owners for policy in config["evaluation"]["policies"]}
+
+
+def _check_control(config: dict[str, Any]) -> None:
+    """Refuse the control reward among the coordination rewards, and a bad control check.
+
+    ``reward.variants[0]`` is the report's headline, and every variant listed there is tabled
+    and compared as a coordination reward. The check must name a control arm, its base model,
+    and a selection policy and a size that the study has.
+    """
+    for i, variant in enumerate(config["reward"]["variants"]):
+        if variant == RewardVariant.CONTROL:
+            role = "the headline reward (the first variant)" if i == 0 else "a coordination reward"
+            raise ConfigError(
+                f"config key 'reward.variants[{i}]': 'control' cannot be {role}: it is the "
+                "positive control's training reward, and no coordination table or finding "
+                "uses it; analysis.control reports it"
+            )
+    control = config["analysis"]["control"]
+    if control is None:
+        return
+    key = "config key 'analysis.control"
+    grouped = arms(config)
+    run = control["run"]
+    if run not in grouped:
+        raise ConfigError(f"{key}.run': unknown training run '{run}' (an arm of training.runs)")
+    entry = config["training"]["runs"][grouped[run][0]]
+    if not is_control(entry):
+        raise ConfigError(
+            f"{key}.run': '{run}' trains on the '{entry['reward']['variant']}' reward; the "
+            f"positive control trains on '{RewardVariant.CONTROL}'"
+        )
+    if control["model"] != entry["base_model"]:
+        raise ConfigError(
+            f"{key}.model': '{control['model']}' is not the model '{run}' trains "
+            f"('{entry['base_model']}'): the control measures how far training moved it"
+        )
+    if control["policy"] not in config["evaluation"]["policies"]:
+        raise ConfigError(f"{key}.policy': '{control['policy']}' is not in evaluation.policies")
+    if control["n"] not in config["experiment"]["sizes"]:
+        raise ConfigError(f"{key}.n': {control['n']} is not in experiment.sizes")
 
 
 def _check_arms(config: dict[str, Any]) -> None:
     """The seeds of an arm train one base model; seed comparisons name an arm's selection."""
     grouped = arms(config)
     policies = config["evaluation"]["policies"]
-    selections = {f"{arm}@{policy}" for arm in grouped for policy in policies}
+    selections = {f"{arm}@{policy}" for arm in compared_arms(config) for policy in policies}
+    controls = _control_selections(config)
     for i, (a, b) in enumerate(config["analysis"]["seed_comparisons"]):
         key = f"config key 'analysis.seed_comparisons[{i}]"
+        for j, name in enumerate((a, b)):
+            if name in controls:
+                raise ConfigError(f"{key}[{j}]': '{name}' is a control arm: {_CONTROL_ONLY}")
         if a not in selections:
             raise ConfigError(f"{key}[0]': '{a}' is not an arm's selection <arm>@<policy>")
         if b not in selections | set(config["models"]):

@@ -211,6 +211,21 @@ def arms(config: dict[str, Any]) -> dict[str, list[str]]:
     return grouped
 
 
+def is_control(entry: dict[str, Any]) -> bool:
+    """Whether a ``training.runs`` entry trains the positive control (reward ``control``).
+
+    Such a run measures whether training moves the model at all (``analysis.control``); it is
+    no coordination result, so no comparison and no coordination statistic includes it.
+    """
+    return entry["reward"]["variant"] == RewardVariant.CONTROL
+
+
+def compared_arms(config: dict[str, Any]) -> dict[str, list[str]]:
+    """The arms of :func:`arms` that coordination statistics compare: all but control arms."""
+    runs = config["training"]["runs"]
+    return {arm: names for arm, names in arms(config).items() if not is_control(runs[names[0]])}
+
+
 def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """The models that are selected checkpoints, ``<run>@<policy>``, with their run and policy.
 
@@ -226,6 +241,23 @@ def selected_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
         f"{run}@{policy}": (run, policy)
         for run in config["training"]["runs"]
         for policy in config["evaluation"]["policies"]
+    }
+
+
+def compared_checkpoints(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The selected checkpoints that coordination statistics compare: those of no control run.
+
+    Args:
+        config: The schema-valid config.
+
+    Returns:
+        Model name -> (run, selection policy), as :func:`selected_checkpoints`.
+    """
+    runs = config["training"]["runs"]
+    return {
+        name: (run, policy)
+        for name, (run, policy) in selected_checkpoints(config).items()
+        if not is_control(runs[run])
     }
 
 
@@ -247,7 +279,8 @@ def checkpoint_families(config: dict[str, Any]) -> dict[str, tuple[tuple[str, st
     """The comparison families checkpoint selection adds, one pair list per run and question.
 
     ``<run>: selected vs base`` compares every selected checkpoint with the run's base model;
-    ``<run>: selected vs last`` compares every other selection with the paper's choice.
+    ``<run>: selected vs last`` compares every other selection with the paper's choice. A
+    control run has none: its check is ``analysis.control``.
 
     Args:
         config: The schema-valid config.
@@ -257,6 +290,8 @@ def checkpoint_families(config: dict[str, Any]) -> dict[str, tuple[tuple[str, st
     """
     families: dict[str, tuple[tuple[str, str], ...]] = {}
     for run, entry in config["training"]["runs"].items():
+        if is_control(entry):
+            continue
         selected = [name for name, (r, _) in selected_checkpoints(config).items() if r == run]
         families[f"{run}: selected vs base"] = tuple((m, entry["base_model"]) for m in selected)
         last = f"{run}@last"

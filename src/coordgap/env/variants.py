@@ -22,6 +22,17 @@ of ``no_call`` decisions of an episode:
   N = 5), and a policy that never eats earns only the idle penalty under ``shaped``, so if it
   never thinks either GRPO has nothing to compare; ``progress`` ranks such episodes by how
   close they came to a meal, and a meal pays more than readiness alone.
+
+One variant is no coordination reward at all:
+
+* ``control``, the **positive control**: the share of the episode's decisions that reach for
+  the right fork, ``r = (calls_pick_up_right + calls_grab_right) / decisions`` (``grab_right``
+  is the dpbench4 protocol's reach), 0 when ``decisions = 0``. It ignores the weights and has no
+  components. The untrained SmolLM2-135M reaches right in about a quarter of its decisions, so
+  GRPO samples the behaviour it rewards: a run trained on it measures whether a study's
+  training budget can move the policy at all (``analysis.control``). It says nothing about
+  coordination, so no coordination statistic or finding uses it (``coordgap.config.checks``
+  refuses it in ``reward.variants``, whose first entry is the report's headline).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from typing import Any
 
 import polars as pl
 
+from coordgap.env.protocols import Tool
+
 
 class RewardVariant(StrEnum):
     """A way to combine the stored components into one reward."""
@@ -41,6 +54,7 @@ class RewardVariant(StrEnum):
     PAPER = "paper"
     SHAPED = "shaped"
     PROGRESS = "progress"
+    CONTROL = "control"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +122,15 @@ def _progress_components() -> dict[str, pl.Expr]:
     }
 
 
-# Every variant's components, one entry each: the schema's reward variants are tested against
-# these keys, and a variant without an entry raises rather than falling through to another.
+def _right_fork_share() -> pl.Expr:
+    """The ``control`` reward: the share of decisions that reach for the right fork."""
+    right = pl.col(f"calls_{Tool.PICK_UP_RIGHT}") + pl.col(f"calls_{Tool.GRAB_RIGHT}")
+    decisions = pl.col("decisions")
+    return pl.when(decisions > 0).then(right / decisions).otherwise(0.0)
+
+
+# Every coordination variant's components, one entry each; a variant without an entry raises
+# rather than falling through to another. The positive control has none (reward_expr).
 VARIANT_COMPONENTS = {
     RewardVariant.PAPER: _paper_components,
     RewardVariant.SHAPED: _shaped_components,
@@ -131,7 +152,7 @@ def component_exprs(variant: RewardVariant) -> dict[str, pl.Expr]:
         One expression per key of ``SIGNS``, in its order.
 
     Raises:
-        KeyError: For a variant without components.
+        KeyError: For a variant without components (``control``).
     """
     return VARIANT_COMPONENTS[variant]()
 
@@ -144,11 +165,20 @@ def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
         weights: The component weights.
 
     Returns:
-        A float expression named ``reward``: the signed, weighted sum of
-        :func:`component_exprs`, rounded to ``REWARD_DECIMALS`` places.
+        A float expression named ``reward``, rounded to ``REWARD_DECIMALS`` places: the signed,
+        weighted sum of :func:`component_exprs`, or for ``control`` the share of decisions
+        that reach for the right fork (the weights unused). The table needs the columns of
+        :func:`component_exprs`, or for ``control`` the ``calls_<tool>`` columns and
+        ``decisions``.
     """
-    terms = [
-        SIGNS[name] * getattr(weights, name) * expr
-        for name, expr in component_exprs(variant).items()
-    ]
-    return reduce(operator.add, terms).round(REWARD_DECIMALS).alias("reward")
+    if variant == RewardVariant.CONTROL:
+        reward = _right_fork_share()
+    else:
+        reward = reduce(
+            operator.add,
+            [
+                SIGNS[name] * getattr(weights, name) * expr
+                for name, expr in component_exprs(variant).items()
+            ],
+        )
+    return reward.round(REWARD_DECIMALS).alias("reward")
