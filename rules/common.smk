@@ -20,6 +20,8 @@ from coordgap.config.training import (
     compared_arms,
     compared_checkpoints,
     evaluated_steps,
+    pilot_recipe,
+    pilot_section,
     selected_checkpoints,
 )
 
@@ -300,6 +302,31 @@ def checkpoint_env(wildcards):
     """The conda env of a job that plays a run's checkpoints: vLLM's when the run's base model
     is served (the server loads the adapter), the project's for an in-process base."""
     return VLLM_ENV if run_base_model(wildcards).is_served else PROJECT_ENV
+
+
+def pilot_entry(wildcards):
+    """The pilot section; a config without one fails the pilot target, naming the key."""
+    return pilot_section(config)
+
+
+def pilot_recipe_run(wildcards):
+    """The run whose recipe the pilot trains (its arm's first seed's)."""
+    return pilot_recipe(config)
+
+
+def pilot_recipe_entry(wildcards):
+    """The config entry of that run."""
+    return config["training"]["runs"][pilot_recipe(config)]
+
+
+def pilot_base_model(wildcards):
+    """The pilot's base model, as the class of its kind."""
+    return MODEL_SPECS[pilot_recipe_entry(wildcards)["base_model"]]
+
+
+def pilot_weights(wildcards):
+    """The prepared weights folder of the pilot's base model."""
+    return f"resources/models/{pilot_recipe_entry(wildcards)['base_model']}"
 
 
 def training_targets():

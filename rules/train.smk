@@ -1,4 +1,5 @@
-# GRPO training: one job per run, writing a checkpoint folder per step.
+# GRPO training: one job per run, writing a checkpoint folder per step; and the learning-rate
+# pilot, which runs before a study and is no part of `all`.
 
 
 rule train_grpo:
@@ -51,3 +52,43 @@ rule index_training:
         PROJECT_ENV
     script:
         "../workflow/scripts/write_index.py"
+
+
+# One job: the rates train one after another, each on all the job's threads. Only the table,
+# its rendering and the choice are outputs: the rates' runs under results/pilot/ are not, so
+# that Snakemake never deletes a finished rate, or a killed one's resume folder, before a rerun.
+rule pilot:
+    input:
+        weights=pilot_weights,
+        prompts="config/prompts",
+    output:
+        table="results/pilot/pilot.csv",
+        markdown="results/pilot/pilot.md",
+        choice="results/pilot/choice.json",
+    params:
+        code=code_of("train_pilot"),
+        pilot=pilot_entry,
+        recipe_run=pilot_recipe_run,
+        recipe=pilot_recipe_entry,
+        base=lambda wildcards: pilot_base_model(wildcards).entry,
+        environment=lookup(dpath="environment", within=config),
+        seed=lookup(dpath="seed", within=config),
+        first_scenario=lookup(dpath="scenarios/train", within=config),
+    log:
+        "logs/pilot/pilot.log",
+    benchmark:
+        "logs/pilot/pilot.benchmark.tsv"
+    threads: MODEL_THREADS
+    resources:
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: (
+            240 * attempt * len(pilot_entry(wildcards)["learning_rates"])
+        ),
+        gpu=1,
+        **site_resources(
+            gpus=1, gpu_memory_gb=lambda wildcards: pilot_base_model(wildcards).served_gpu_memory_gb
+        ),
+    conda:
+        PROJECT_ENV
+    script:
+        "../workflow/scripts/train_pilot.py"

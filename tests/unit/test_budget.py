@@ -10,9 +10,11 @@ pytestmark = pytest.mark.unit
 
 # make test's pytest on two workers, on the CI machine kind. The goal is 20 measured minutes,
 # a budget schedule of 30 at the budget's 1.5x headroom; the budget regenerated from the last
-# whole-suite run (19.3 min measured, 2026-12-05) schedules to 32.2, so this holds the suite to
-# what it costs now until the remaining files are cut: lower it as they are.
-TARGET_S = 33 * 60
+# whole-suite run (19.3 min measured, 2026-12-05) schedules to 32.2, and with the learning-rate
+# pilot's end-to-end test (180 s, estimated from its runs alone on a busy 2-core machine, not yet
+# from a whole-suite run) to 33.7, so this holds the suite to what it costs now until the
+# remaining files are cut: lower it as they are.
+TARGET_S = 34 * 60
 WORKERS = 2
 
 

@@ -14,6 +14,11 @@ pytestmark = pytest.mark.workflow
 
 SCRIPTS = Path("workflow") / "scripts"
 SRC = Path("src") / "coordgap"
+# Adapters of rules outside the study DVC reproduces. The learning-rate pilot runs before a
+# study, by hand (README: "Choosing the learning rate: the pilot"); as a stage its outputs would
+# have to exist, since `dvc commit` (in `make all`) and `dvc repro` refuse a stage whose outputs
+# are absent, a frozen one too.
+OUTSIDE_STUDY = {"train_pilot.py"}
 
 
 def _stages() -> dict[str, list[str]]:
@@ -41,5 +46,6 @@ def test_each_stage_lists_the_import_closure_of_its_adapters_and_nothing_else():
 
 def test_every_adapter_belongs_to_a_stage():
     listed = {Path(dep).name for deps in _stages().values() for dep in deps}
-    adapters = {path.name for path in (ROOT / SCRIPTS).glob("*.py")}
+    adapters = {path.name for path in (ROOT / SCRIPTS).glob("*.py")} - OUTSIDE_STUDY
     assert adapters <= listed, adapters - listed
+    assert not OUTSIDE_STUDY & listed, OUTSIDE_STUDY & listed

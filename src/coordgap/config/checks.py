@@ -17,7 +17,14 @@ from coordgap.config.play import (
     cell_episodes,
     template_fields,
 )
-from coordgap.config.training import arms, compared_arms, compared_checkpoints, is_control
+from coordgap.config.training import (
+    PILOT,
+    arms,
+    compared_arms,
+    compared_checkpoints,
+    is_control,
+    pilot_recipe,
+)
 from coordgap.env.variants import RewardVariant
 from coordgap.models.prepare import parse_source
 
@@ -65,6 +72,7 @@ def check_cross_keys(config: dict[str, Any]) -> None:
                 f"config key 'plan.prices.{name}': not a model behind a paid API (an openai "
                 "model without serve)"
             )
+    _check_pilot(config)
     _check_scenarios(config)
     _check_timeline(config)
     _check_arms(config)
@@ -120,6 +128,31 @@ def _check_control(config: dict[str, Any]) -> None:
         raise ConfigError(f"{key}.n': {control['n']} is not in experiment.sizes")
 
 
+def _check_pilot(config: dict[str, Any]) -> None:
+    """The pilot trains an arm's recipe with trainer torch, at ascending rates (optional)."""
+    if PILOT not in config:
+        return
+    pilot = config[PILOT]
+    grouped = arms(config)
+    if pilot["arm"] not in grouped:
+        raise ConfigError(
+            f"config key '{PILOT}.arm': '{pilot['arm']}' is not an arm of training.runs "
+            f"(arms: {', '.join(grouped)})"
+        )
+    recipe = pilot_recipe(config)
+    if config["training"]["runs"][recipe]["trainer"] != "torch":
+        raise ConfigError(
+            f"config key '{PILOT}.arm': its run '{recipe}' uses trainer art, which measures no "
+            "probe KL; the pilot's rule needs trainer torch"
+        )
+    rates = pilot["learning_rates"]
+    if any(later <= earlier for earlier, later in itertools.pairwise(rates)):
+        raise ConfigError(
+            f"config key '{PILOT}.learning_rates': rates must ascend, each above the one before "
+            f"({rates})"
+        )
+
+
 def _check_arms(config: dict[str, Any]) -> None:
     """The seeds of an arm train one base model; seed comparisons name an arm's selection."""
     grouped = arms(config)
@@ -173,11 +206,15 @@ def scenario_ranges(config: dict[str, Any]) -> dict[str, range]:
     Returns:
         ``{"test": ..., "validation": ..., "train": ...}``: the test range covers the largest
         cell, the validation range a checkpoint's episodes, the training range the longest
-        run.
+        run (the pilot's runs included).
     """
     first = config["scenarios"]
     cells = [cell_episodes(config, model) for model in config["models"]]
     runs = [run["steps"] * run["groups_per_step"] for run in config["training"]["runs"].values()]
+    if PILOT in config:
+        # The pilot's runs play the training scenarios of their recipe's first steps.
+        recipe = config["training"]["runs"][pilot_recipe(config)]
+        runs.append(config[PILOT]["steps"] * recipe["groups_per_step"])
     return {
         "test": range(first["test"], first["test"] + max(cells)),
         "validation": range(

@@ -143,6 +143,66 @@ class TrainingRunConfig:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PilotConfig:
+    """The learning-rate pilot (``pilot``; README.md: Choosing the learning rate: the pilot).
+
+    Each rate trains the arm's recipe for ``steps`` steps from the untrained adapter; the rule
+    that picks the study's rate from what they did is ``coordgap.training.pilot.apply_rule``.
+
+    Attributes:
+        arm: The arm whose recipe is trained: its first seed's run.
+        learning_rates: The candidate rates, ascending.
+        steps: Steps each rate trains.
+        max_ratio_log: The largest mean |log importance ratio| of a step's rows.
+        max_probe_kl_per_step: The largest probe KL(mu || mu_0) per update so far.
+    """
+
+    arm: str
+    learning_rates: tuple[float, ...]
+    steps: int
+    max_ratio_log: float
+    max_probe_kl_per_step: float
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> PilotConfig:
+        """Build from the validated ``pilot`` section."""
+        return cls(
+            arm=entry["arm"],
+            learning_rates=tuple(float(rate) for rate in entry["learning_rates"]),
+            steps=int(entry["steps"]),
+            max_ratio_log=float(entry["max_ratio_log"]),
+            max_probe_kl_per_step=float(entry["max_probe_kl_per_step"]),
+        )
+
+
+PILOT = "pilot"
+
+
+def pilot_section(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's ``pilot`` section, which only the pilot needs.
+
+    Raises:
+        ConfigError: The config has none, naming the key.
+    """
+    if PILOT not in config:
+        raise ConfigError(
+            f"config key '{PILOT}' is missing: the pilot trains the learning rates that section "
+            "lists (README.md: Choosing the learning rate: the pilot; config/study_cpu.yaml has "
+            "one)"
+        )
+    return config[PILOT]
+
+
+def pilot_recipe(config: dict[str, Any]) -> str:
+    """The run whose recipe the pilot trains: its arm's first seed's run (or the arm itself).
+
+    Args:
+        config: The schema-valid config with a valid ``pilot`` section.
+    """
+    return arms(config)[pilot_section(config)["arm"]][0]
+
+
 SEEDS = "seeds"
 
 

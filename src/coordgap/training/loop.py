@@ -402,6 +402,35 @@ def open_trainer(
     return TorchGRPOTrainer(weights, run, base.entry, work.checkpoint(step), work.optimizer(step))
 
 
+def run_fingerprint(
+    run: TrainingRunConfig,
+    base: ModelSpec,
+    env: EnvironmentConfig,
+    base_seed: int,
+    first_scenario: int,
+) -> str:
+    """Everything a run's outputs depend on, as text: a resume folder continues only its own.
+
+    Args:
+        run: The training run.
+        base: The base model's entry.
+        env: The table rules.
+        base_seed: The config's seed.
+        first_scenario: The first training scenario id (``scenarios.train``).
+    """
+    return json.dumps(
+        {
+            "run": run.settings(),
+            "base": base.settings(),
+            "env": dataclasses.asdict(env),
+            "seed": base_seed,
+            "first_scenario": first_scenario,
+        },
+        sort_keys=True,
+        default=str,
+    )
+
+
 def train_run(
     run: TrainingRunConfig,
     base: ModelSpec,
@@ -439,18 +468,7 @@ def train_run(
             resumed run first calls it with the steps committed before (a tracker's curve,
             ``coordgap.tracking``).
     """
-    fingerprint = json.dumps(
-        {
-            "run": run.settings(),
-            "base": base.settings(),
-            "env": dataclasses.asdict(env),
-            "seed": base_seed,
-            "first_scenario": first_scenario,
-        },
-        sort_keys=True,
-        default=str,
-    )
-    work = _WorkDir(outputs, fingerprint)
+    work = _WorkDir(outputs, run_fingerprint(run, base, env, base_seed, first_scenario))
     if work.step is not None:
         logger.info("%s: resuming at step %d of %d", run.name, work.step, run.steps)
     trainer = open_trainer(run, base, weights, work)

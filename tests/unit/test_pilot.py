@@ -1,0 +1,221 @@
+"""The learning-rate pilot's config and its rule, on hand-made histories (coordgap.training.pilot).
+
+The pilot's real run through Snakemake is ``tests/integration/test_pilot_workflow.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import polars as pl
+import pytest
+from snakemake.exceptions import WorkflowError
+
+from coordgap.config.checks import check_cross_keys
+from coordgap.config.keys import ConfigError, check_schema
+from coordgap.config.overlays import resolve
+from coordgap.config.training import (
+    PilotConfig,
+    TrainingRunConfig,
+    pilot_recipe,
+    pilot_section,
+)
+from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.training.history import HISTORY_SCHEMA
+from coordgap.training.pilot import (
+    apply_rule,
+    choice_record,
+    pilot_markdown,
+    pilot_runs,
+    pilot_table,
+)
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+STUDY = resolve([ROOT / "config" / "study_cpu.yaml"]).config
+# Bounds that binary floats hold exactly, so that a value at its bound is exactly on it.
+PILOT = PilotConfig(
+    arm="paper",
+    learning_rates=(1e-5, 1e-4, 1e-3),
+    steps=2,
+    max_ratio_log=0.25,
+    max_probe_kl_per_step=0.125,
+)
+SIX = TOOLS[Protocol.TOOLS6]
+
+
+def _checked(**pilot: object) -> None:
+    """The study with these pilot keys changed, checked as the workflow checks a config."""
+    config = copy.deepcopy(STUDY)
+    config["pilot"].update(pilot)
+    check_schema(copy.deepcopy(config))
+    check_cross_keys(config)
+
+
+def test_the_study_config_pilots_its_paper_arm_from_its_first_seed() -> None:
+    _checked()
+    assert pilot_recipe(STUDY) == "paper-s1"
+    pilot = PilotConfig.from_dict(pilot_section(STUDY))
+    assert pilot.learning_rates == (5e-6, 2e-5, 1e-4, 5e-4)
+    recipe = TrainingRunConfig.from_dict("paper-s1", STUDY["training"]["runs"]["paper-s1"])
+    runs = pilot_runs(pilot, recipe)
+    assert list(runs) == [
+        "pilot-paper-lr5e-06",
+        "pilot-paper-lr2e-05",
+        "pilot-paper-lr0.0001",
+        "pilot-paper-lr0.0005",
+    ]
+    # Only the rate and the steps change: same name and seed, so the same step-0 rollouts.
+    for run, rate in zip(runs.values(), pilot.learning_rates, strict=True):
+        assert run.settings() == recipe.settings() | {"learning_rate": rate, "steps": 2}
+
+
+@pytest.mark.parametrize(
+    ("pilot", "error", "message"),
+    [
+        ({"arm": "shaped"}, ConfigError, r"'pilot\.arm': 'shaped' is not an arm"),
+        # A seed's run is not an arm: the arm is named, its first seed is the recipe.
+        ({"arm": "paper-s2"}, ConfigError, r"'pilot\.arm': 'paper-s2' is not an arm"),
+        ({"learning_rates": [1e-4, 1e-5]}, ConfigError, r"'pilot\.learning_rates': rates must"),
+        ({"learning_rates": [1e-5, 1e-5]}, ConfigError, r"'pilot\.learning_rates': rates must"),
+        ({"learning_rates": [0.0, 1e-5]}, WorkflowError, r"instance\['pilot'\]\['learning_rates"),
+        ({"learning_rates": [-1e-5]}, WorkflowError, r"instance\['pilot'\]\['learning_rates'\]"),
+        ({"learning_rates": []}, WorkflowError, r"instance\['pilot'\]\['learning_rates'\]"),
+        ({"steps": 0}, WorkflowError, r"instance\['pilot'\]\['steps'\]"),
+        ({"steps": 1.5}, WorkflowError, r"instance\['pilot'\]\['steps'\]"),
+        ({"max_ratio_log": 0}, WorkflowError, r"instance\['pilot'\]\['max_ratio_log'\]"),
+        ({"max_probe_kl_per_step": -0.1}, WorkflowError, r"\['max_probe_kl_per_step'\]"),
+        ({"max_ratio_log": "log(1.2)"}, WorkflowError, r"instance\['pilot'\]\['max_ratio_log'\]"),
+        ({"rate": 1e-4}, WorkflowError, r"'rate' was unexpected"),
+    ],
+)
+def test_a_bad_pilot_is_named_before_anything_runs(pilot, error, message) -> None:
+    with pytest.raises(error, match=message):
+        _checked(**pilot)
+
+
+def test_the_pilot_needs_trainer_torch_and_training_scenarios_of_its_own() -> None:
+    config = copy.deepcopy(STUDY)
+    config["training"]["runs"]["paper-s1"]["trainer"] = "art"
+    with pytest.raises(ConfigError, match=r"'pilot\.arm': its run 'paper-s1' uses trainer art"):
+        check_cross_keys(config)
+    # Its steps play training scenarios: the training range covers them, so that they never
+    # reach the ids of another split (here the test split's, placed just after the runs').
+    config = copy.deepcopy(STUDY)
+    config["scenarios"]["test"] = config["scenarios"]["train"] + 10
+    check_cross_keys(copy.deepcopy(config))  # the study's runs use 2 steps x 2 groups
+    config["pilot"]["steps"] = 6
+    with pytest.raises(ConfigError, match=r"'scenarios\.train' and 'scenarios\.test'"):
+        check_cross_keys(config)
+
+
+def test_asking_for_the_pilot_without_its_section_names_the_key() -> None:
+    config = {k: v for k, v in STUDY.items() if k != "pilot"}
+    check_cross_keys(copy.deepcopy(config))  # optional for a study
+    with pytest.raises(ConfigError, match=r"config key 'pilot' is missing"):
+        pilot_recipe(config)
+
+
+def _history(rate_steps: list[dict[str, float]]) -> pl.DataFrame:
+    """A rate's history: one row per step, the given columns over a plausible step."""
+    rows = []
+    for step, values in enumerate(rate_steps):
+        row = dict.fromkeys(HISTORY_SCHEMA)
+        row |= {"run": "paper-s1", "step": step, "n": 5, "rows": 30, "clipped_share": 1.0}
+        row |= {f"actions_{tool}": 0.0 for tool in Tool}
+        row |= {"actions_pick_up_left": 0.75, "actions_pick_up_right": 0.25}
+        row |= {"probe_kl_acting": values["probe_kl"], "seconds_update": 300.0}
+        rows.append(row | values)
+    return pl.DataFrame(rows, schema=HISTORY_SCHEMA)
+
+
+def _judged(*per_rate: list[dict[str, float]], pilot: PilotConfig = PILOT):
+    table = pilot_table(
+        {rate: _history(steps) for rate, steps in zip(pilot.learning_rates, per_rate, strict=True)},
+        SIX,
+    )
+    return apply_rule(table, pilot)
+
+
+KEEPS = [{"probe_kl": 0.01, "ratio_log_mean": 0.05}, {"probe_kl": 0.05, "ratio_log_mean": 0.1}]
+# Step 1's KL is its own bound (2 updates x 0.125) and its ratio the ratio bound: both kept.
+AT_BOUNDS = [{"probe_kl": 0.1, "ratio_log_mean": 0.2}, {"probe_kl": 0.25, "ratio_log_mean": 0.25}]
+# A KL within the whole pilot's bound (0.25) but not within its step's (0.125): step 0 fails.
+FAST = [{"probe_kl": 0.2, "ratio_log_mean": 0.1}, {"probe_kl": 0.24, "ratio_log_mean": 0.1}]
+# Later rows off the sampling policy: the second step's mean |log ratio| above the bound.
+OFF_POLICY = [{"probe_kl": 0.01, "ratio_log_mean": 0.1}, {"probe_kl": 0.1, "ratio_log_mean": 0.3}]
+
+
+def test_the_table_has_a_row_per_rate_and_step_with_what_the_rule_reads() -> None:
+    judged, _ = _judged(KEEPS, KEEPS, KEEPS)
+    assert judged.height == 3 * 2
+    assert judged.columns == [
+        "learning_rate",
+        "step",
+        "probe_kl",
+        "probe_kl_acting",
+        "ratio_log_mean",
+        "clipped_share",
+        *(f"actions_{tool}" for tool in SIX),
+        "seconds_update",
+        "rows",
+        "probe_kl_limit",
+        "step_passes",
+        "rate_passes",
+    ]
+    assert judged["probe_kl_limit"].to_list() == [0.125, 0.25] * 3
+    assert judged["learning_rate"].to_list() == [1e-5, 1e-5, 1e-4, 1e-4, 1e-3, 1e-3]
+
+
+@pytest.mark.parametrize(
+    ("rates", "chosen", "passed"),
+    [
+        # The largest rate that keeps both bounds, a value on its bound keeping it.
+        ((KEEPS, AT_BOUNDS, FAST), 1e-4, True),
+        ((KEEPS, OFF_POLICY, AT_BOUNDS), 1e-3, True),
+        # Every rate keeps the rule: the largest, whatever its margin.
+        ((AT_BOUNDS, KEEPS, KEEPS), 1e-3, True),
+        # Failing either bound at any step fails the rate.
+        ((KEEPS, FAST, OFF_POLICY), 1e-5, True),
+        # None keeps it: the smallest, marked as not passed.
+        ((FAST, OFF_POLICY, FAST), 1e-5, False),
+    ],
+)
+def test_the_rule_chooses_the_largest_rate_that_keeps_both_bounds(rates, chosen, passed) -> None:
+    judged, choice = _judged(*rates)
+    assert choice.learning_rate == chosen
+    assert choice.passed is passed
+    verdicts = judged.group_by("learning_rate", maintain_order=True).agg(
+        pl.col("rate_passes").all()
+    )
+    expected = [steps not in (FAST, OFF_POLICY) for steps in rates]
+    assert verdicts["rate_passes"].to_list() == expected
+
+
+def test_a_step_that_trained_nothing_keeps_the_ratio_bound_and_a_missing_kl_fails() -> None:
+    untrained = [{"probe_kl": 0.0, "ratio_log_mean": math.nan, "rows": 0}, KEEPS[1]]
+    unmeasured = [KEEPS[0], {"probe_kl": None, "ratio_log_mean": 0.1}]
+    judged, choice = _judged(untrained, KEEPS, unmeasured)
+    assert judged["step_passes"].to_list() == [True, True, True, True, True, False]
+    assert choice.learning_rate == 1e-4
+
+
+def test_the_markdown_and_the_record_state_the_rule_and_the_choice() -> None:
+    judged, choice = _judged(KEEPS, AT_BOUNDS, FAST)
+    text = pilot_markdown(judged, choice, PILOT)
+    assert "**Chosen: 0.0001**" in text
+    assert "at most 0.25 and, after its update k = step + 1" in text
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(lines) == 2 + judged.height
+    assert lines[2].startswith("| 1e-05 | 0 | 0.01 | 0.01 | 0.05 | 1 | 0.75 | 0.25 |")
+    # The last rate's second step keeps its own bound, but the rate failed at its first.
+    assert lines[-1].endswith("| 0.25 | yes | no |")
+    _, none = _judged(FAST, FAST, FAST)
+    assert "**No rate kept the rule**: the smallest, 1e-05" in pilot_markdown(judged, none, PILOT)
+    record = choice_record(choice, PILOT, "paper-s1")
+    assert record["learning_rate"] == 1e-4
+    assert record["passed"] is True
+    assert record["recipe"] == "paper-s1"
+    assert record["pilot"]["max_probe_kl_per_step"] == 0.125
