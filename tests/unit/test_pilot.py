@@ -54,18 +54,18 @@ def _checked(**pilot: object) -> None:
     check_cross_keys(config)
 
 
-def test_the_study_config_pilots_its_paper_arm_from_its_first_seed() -> None:
+def test_the_study_config_pilots_its_control_arm_from_its_first_seed() -> None:
     _checked()
-    assert pilot_recipe(STUDY) == "paper-s1"
+    assert pilot_recipe(STUDY) == "control-s1"
     pilot = PilotConfig.from_dict(pilot_section(STUDY))
     assert pilot.learning_rates == (5e-6, 2e-5, 1e-4, 5e-4)
-    recipe = TrainingRunConfig.from_dict("paper-s1", STUDY["training"]["runs"]["paper-s1"])
+    recipe = TrainingRunConfig.from_dict("control-s1", STUDY["training"]["runs"]["control-s1"])
     runs = pilot_runs(pilot, recipe)
     assert list(runs) == [
-        "pilot-paper-lr5e-06",
-        "pilot-paper-lr2e-05",
-        "pilot-paper-lr0.0001",
-        "pilot-paper-lr0.0005",
+        "pilot-control-lr5e-06",
+        "pilot-control-lr2e-05",
+        "pilot-control-lr0.0001",
+        "pilot-control-lr0.0005",
     ]
     # Only the rate and the steps change: same name and seed, so the same step-0 rollouts.
     for run, rate in zip(runs.values(), pilot.learning_rates, strict=True):
@@ -98,8 +98,8 @@ def test_a_bad_pilot_is_named_before_anything_runs(pilot, error, message) -> Non
 
 def test_the_pilot_needs_trainer_torch_and_training_scenarios_of_its_own() -> None:
     config = copy.deepcopy(STUDY)
-    config["training"]["runs"]["paper-s1"]["trainer"] = "art"
-    with pytest.raises(ConfigError, match=r"'pilot\.arm': its run 'paper-s1' uses trainer art"):
+    config["training"]["runs"]["control-s1"]["trainer"] = "art"
+    with pytest.raises(ConfigError, match=r"'pilot\.arm': its run 'control-s1' uses trainer art"):
         check_cross_keys(config)
     # Its steps play training scenarios: the training range covers them, so that they never
     # reach the ids of another split (here the test split's, placed just after the runs').
