@@ -154,7 +154,7 @@ def test_the_positive_control_is_the_first_finding_whether_it_moved_or_not(table
         "`base`'s 0.20 in all 3 seeds (threshold +0.10, stated before the run)."
     )
 
-    # One seed short, one without an ok episode: the study could not move the model.
+    # One seed short, one without an ok episode: the study could not move the model as asked.
     stuck = control_check([[40, 40], [14, 14], []], base=[10, 10, 10])
     text = findings(tables, [], [selection({"last": 3})], control=stuck)
     assert text.split("\n\n")[2].splitlines()[0] == bullet(text, "Positive control")
@@ -163,7 +163,8 @@ def test_the_positive_control_is_the_first_finding_whether_it_moved_or_not(table
         "`control@last`'s decisions that reach for the right fork gained less than the "
         "threshold over `base`'s 0.20 in 2 of 3 seeds (`control-s2@last` +0.08; "
         "`control-s3@last` no ok episode; threshold +0.10, stated before the run). The "
-        "study's training budget could not move the model, so its null results read as 'not "
+        "study's training could not move the model the way its reward asks (it may have moved "
+        "it elsewhere: the runs' probe KL says how far), so its null results read as 'not "
         "trained enough', not as 'GRPO cannot'."
     )
     # Without a control check there is no such finding, and the cell sizes come first.

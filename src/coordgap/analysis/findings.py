@@ -5,9 +5,9 @@ written by hand, so a run that finds nothing says so. The findings, in order:
 
 * **positive control**, first, where the study has one (``analysis.control``): whether
   training moved the right-fork share of the control arm by the stated threshold in every seed
-  (:mod:`coordgap.analysis.control`). If it did not, the study's training budget could not move
-  the model, and every null result below reads as "not trained enough". The control arm is in
-  no other finding: the statistics tables below do not include it;
+  (:mod:`coordgap.analysis.control`). If it did not, the study's training could not move the
+  model the way a reward asks, and every null result below reads as "not trained enough". The
+  control arm is in no other finding: the statistics tables below do not include it;
 * **cell sizes**: the smallest cell, the smallest effect a comparison at that size detects (from
   the power table), and which models' cells are below :data:`SMALL_CELL` episodes, whose
   numbers are a smoke run of the machinery rather than an estimate;
@@ -211,8 +211,9 @@ def _control(control: pl.DataFrame) -> str:
     return (
         f"**Positive control.** The positive control did not move: {share} less than the "
         f"threshold over `{arm['model']}`'s {base} in {len(failed)} of {seeds.height} seeds "
-        f"({missed}; {threshold}). The study's training budget could not move the model, so "
-        "its null results read as 'not trained enough', not as 'GRPO cannot'."
+        f"({missed}; {threshold}). The study's training could not move the model the way its "
+        "reward asks (it may have moved it elsewhere: the runs' probe KL says how far), so its "
+        "null results read as 'not trained enough', not as 'GRPO cannot'."
     )
 
 
