@@ -1,7 +1,7 @@
 """Seeds as the unit (coordgap.analysis.seeds), against scipy and splits enumerated by hand.
 
-The arm-vs-base reference is the study's own CPU run (docs/results_cpu/seed_comparisons.csv):
-`paper@last` and `paper@lcb_val` against a base model of 2 successes in 6 episodes.
+The arm-vs-base reference is the CPU study of 2026-12-04, whose published intervals held the
+base model fixed: `paper@last` and `paper@lcb_val` against a base model of 2 successes in 6.
 """
 
 from __future__ import annotations
@@ -135,9 +135,10 @@ def test_an_arm_against_a_model_carries_the_models_episode_noise(episodes) -> No
     assert [r["p_holm"] for r in rows] == pytest.approx(holm([r["p"] for r in rows]))
 
 
-# docs/results_cpu: seed means of paper@last and paper@lcb_val (deadlocks of 6 per seed), a
-# base model with 4 deadlocks in 6; p and interval recomputed by hand with the base's SE (0.21)
-# beside the seeds'. Held fixed, the base gave p 0.23 [-0.25, 0.58] and p 0.020 [0.15, 0.63].
+# The CPU study of 2026-12-04: seed means of paper@last and paper@lcb_val (deadlocks of 6 per
+# seed), a base model with 4 deadlocks in 6; p and interval recomputed by hand with the base's
+# SE (0.21) beside the seeds'. Held fixed, the base gave p 0.23 [-0.25, 0.58] and p 0.020
+# [0.15, 0.63].
 NOISY_BASE = {"last": ((2, 3, 4), 0.50, (-0.39, 0.72)), "lcb_val": ((1, 2, 2), 0.13, (-0.15, 0.93))}
 
 
