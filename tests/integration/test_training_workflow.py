@@ -32,7 +32,7 @@ from tests.conftest import (
     run,
     trained_study_config,
 )
-from tests.integration.processes import signal_when
+from tests.integration.processes import EXIT_WITHIN_S, signal_when
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,7 +44,6 @@ TARGET = TRAINED_HISTORY
 JOB_LOG = "logs/train_grpo/tiny-grpo.log"
 # Timing columns differ between any two runs; everything else must not.
 TIMING = ("seconds_rollout", "seconds_update", "seconds")
-EXIT_WITHIN_S = 10.0
 
 
 def _committed(project: Path) -> int:

@@ -6,6 +6,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -167,3 +169,18 @@ def test_the_job_log_keeps_an_unexpected_error_s_traceback(tmp_path) -> None:
     assert "ERROR job: job failed" in log
     assert "Traceback" in log
     assert "ValueError: a bug" in log
+
+
+def test_a_job_s_exit_skips_collecting_the_garbage_of_what_it_loaded(tmp_path) -> None:
+    # An exit handler registered before the job's log runs after the log's own (last in,
+    # first out): by then the collector must have frozen every object alive.
+    job = (
+        "import atexit, gc\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count()))\n"
+        "from coordgap.logs import job_log\n"
+        f"with job_log({str(tmp_path / 'job.log')!r}, 'job'):\n"
+        "    pass\n"
+    )
+    done = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, check=True)
+    frozen = int(done.stdout.split()[-1])
+    assert frozen > 1000, done.stdout
