@@ -47,8 +47,9 @@ class Behaviour:
         cut_after: Send only this many bytes of ``body`` (its full length declared), then
             close the connection: a reply cut off in transit.
         finish_reason: The finish_reason of a 200 answer; None for what its content implies.
-        together: Answer only once this many requests have arrived and none has been answered
-            (0: at once): a client that never keeps that many in flight gets no answer.
+        together: Hold every answer until this many requests have reached a ``together``
+            behaviour since the script began (0: answer at once): a client that never keeps
+            that many in flight gets no answer.
     """
 
     status: int = 200
@@ -233,6 +234,8 @@ class FaultServer(LoopbackServer):
         with self._lock:
             self._script = list(script)
             self._served = 0
+        with self._gathering:
+            self._gathered = 0
 
     def _next(self, request: RecordedRequest) -> Behaviour:
         """Record ``request`` and return the behaviour that answers it."""

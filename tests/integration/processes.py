@@ -74,9 +74,8 @@ def stop(process: subprocess.Popen) -> None:
 
 # How soon after a stop signal every process of a Snakemake run must be gone: Slurm's KillWait
 # (30 s by default, coordgap.preemption), after which it sends SIGKILL and the job ends as a
-# lost node rather than as a preemption. Measured for the tiny training run: 1.6 s on an idle
-# 2-core machine, 3.3 s beside four busy processes; a loaded CI run once took 15.6 s (before
-# jobs froze the garbage collector at exit, coordgap.logs).
+# lost node rather than as a preemption. A training job needs a few seconds (coordgap.logs has
+# the measurements); a loaded CI run once took 15.6 s, before jobs froze the collector at exit.
 EXIT_WITHIN_S = 30.0
 
 
