@@ -13,12 +13,13 @@ from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import SCHEMA, ConfigError, check_schema
 from coordgap.config.overlays import merge, resolve
 from coordgap.config.training import (
+    TrainingRunConfig,
     arms,
     checkpoint_families,
     compared_arms,
     compared_checkpoints,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, changed
 
 pytestmark = pytest.mark.unit
 
@@ -368,3 +369,21 @@ def test_a_comparison_naming_the_control_arm_is_refused(tmp_path, analysis, mess
     config = _control_study(tmp_path, **analysis)
     with pytest.raises(ConfigError, match=message):
         check_cross_keys(config)
+
+
+def test_accumulated_rows_are_a_setting_of_the_torch_trainer_without_arts_warm_up():
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    key = "training/runs/smollm2-grpo"
+    for rows, parsed in (("all", None), (8, 8)):
+        config = changed(default, f"{key}/grad_accumulation_sequences", rows)
+        config = changed(config, f"{key}/warmup", False)
+        check_schema(copy.deepcopy(config))
+        check_cross_keys(config)
+        entry = config["training"]["runs"]["smollm2-grpo"]
+        assert TrainingRunConfig.from_dict("r", entry).grad_accumulation_sequences == parsed
+    # ART's warm-up is its one-step-per-row loop's; accumulating is its Megatron loop's.
+    with pytest.raises(ConfigError, match=r"'training\.runs\.smollm2-grpo\.warmup': grad_acc"):
+        check_cross_keys(changed(default, f"{key}/grad_accumulation_sequences", "all"))
+    for bad in (0, "every", 1.5):
+        with pytest.raises(WorkflowError, match="grad_accumulation_sequences"):
+            check_schema(changed(default, f"{key}/grad_accumulation_sequences", bad))

@@ -60,6 +60,13 @@ PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
             True,
             "'training.runs.qwen3-8b-grpo.compile_update': trainer art updates with ART's own",
         ),
+        # ART's LocalBackend takes one optimizer step per row whatever this says.
+        (
+            "training/runs/qwen3-8b-grpo/grad_accumulation_sequences",
+            "all",
+            "'training.runs.qwen3-8b-grpo.grad_accumulation_sequences': trainer art takes one "
+            "optimizer step per row",
+        ),
         ("plan/prices/qwen3-8b", {"input": 1, "output": 1}, "'plan.prices.qwen3-8b'"),
         ("plan/prices/nobody", {"input": 1, "output": 1}, "'plan.prices.nobody'"),
     ],

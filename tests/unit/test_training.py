@@ -655,6 +655,86 @@ def test_max_grad_norm_is_an_option_and_its_clipping_is_recorded(
     assert not all(torch.equal(a, b) for a, b in zip(adapters[0.1], adapters[1e6], strict=True))
 
 
+def flat(gradients: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.flatten() for g in gradients])
+
+
+def row_gradients(
+    trainer: TorchGRPOTrainer, groups: list[art.TrajectoryGroup]
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The rows' summed-loss gradient, each row run whole and one by one, and batched after
+    their shared prefix (``accumulate``); and the share of the tokens the latter ran."""
+    random.seed(0)
+    rows = trainer.rows(groups)
+    inputs = [trainer.row(rows.packed, index) for index in range(len(rows.choices))]
+    # Three seats' prompts: they share the system turn, and each has a user turn of its own.
+    assert len({tuple(row["tokens"][0].tolist()) for row in inputs}) > 1
+    trainer.model.train()
+    whole = 0
+    for row, choice in zip(inputs, rows.choices, strict=True):
+        new, ran = trainer.log_probs(row, choice)
+        trainer._loss(row, new).policy_loss_sum.backward()
+        whole += ran
+    one_by_one = flat(lora_grads(trainer))
+    trainer.model.zero_grad()
+    shared = trainer.accumulate(inputs, rows.choices, 1.0)
+    batched = flat(lora_grads(trainer))
+    trainer.model.zero_grad()
+    return one_by_one, batched, shared.tokens / whole
+
+
+@pytest.mark.numerics
+@pytest.mark.float32
+def test_accumulated_rows_step_once_on_the_mean_of_their_gradients_with_the_prefix_shared(
+    smollm2_dir: Path, rollouts: dict[str, pl.DataFrame]
+) -> None:
+    """A non-zero adapter: the batched pass after the shared prefix against each row run
+    whole, one by one (what ART's one-step-per-row loop differentiates)."""
+    run = tiny_run(grad_accumulation_sequences="all", warmup=False)
+    run = dataclasses.replace(run, optimizer=dataclasses.replace(run.optimizer, max_grad_norm=1e6))
+    trainer = TorchGRPOTrainer(smollm2_dir, run, FLOAT32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in trainer.model.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.01)
+    groups = trainable_groups(rollouts, run)
+    # Rewards by seat too: the two episodes' round-1 prompts are the same, and with rewards by
+    # episode only a seat's two rows could cancel out.
+    for trajectory in groups[0].trajectories:
+        trajectory.reward += 3 * trajectory.metadata["philosopher"]
+    one_by_one, batched, tokens = row_gradients(trainer, groups)
+    assert one_by_one.norm() > 0
+    # float32: the prefix's products run at another shape than in the whole row, so they
+    # round differently: 1.5e-5 of one row's gradient, and 1e-4 of this sum of six, where
+    # rows of opposite advantage cancel (measured on an AMX Xeon). Rounding, not a different
+    # sum: with the model in float64 (attention's softmax stays float32 in transformers) the
+    # gap fell to 5e-7 of the sum, and batching rows without the split leaves 2e-6.
+    assert (batched - one_by_one).norm() <= 5e-4 * one_by_one.norm()
+    # The prefix ran once: well under the tokens of running every row whole.
+    assert tokens < 0.6
+    # The update takes one AdamW step, on the mean over the rows' trained positions.
+    stepped: list[torch.Tensor] = []
+    original = trainer.optimizer.step
+    trainer.optimizer.step = lambda: (stepped.append(flat(lora_grads(trainer))), original())
+    random.seed(0)
+    stats = trainer.update(groups)
+    (gradient,) = stepped
+    assert (stats.rows, stats.optimizer_steps) == (6, 1)
+    mean = batched / 6
+    assert (gradient - mean).norm() <= 1e-3 * mean.norm()
+
+
+def test_grad_accumulation_sequences_rows_share_each_optimizer_step(
+    trainer: TorchGRPOTrainer, smollm2_dir: Path, rollouts: dict[str, pl.DataFrame]
+) -> None:
+    run = tiny_run(grad_accumulation_sequences=4, warmup=False)
+    stats = TorchGRPOTrainer(smollm2_dir, run, BASE).update(trainable_groups(rollouts, run))
+    # 6 rows in steps of 4: a step of 4 and a step of the 2 left.
+    assert (stats.rows, stats.optimizer_steps) == (6, 2)
+    assert stats.clipped_share in (0.0, 0.5, 1.0)
+
+
 def test_the_trainer_renders_prompts_as_the_sampler_and_art_do(
     smollm2_dir: Path,
 ) -> None:

@@ -290,6 +290,31 @@ def _check_art_overrides(key: str, run: dict[str, Any]) -> None:
             )
 
 
+def _check_accumulation(key: str, run: dict[str, Any]) -> None:
+    """Refuse a ``grad_accumulation_sequences`` the run's trainer would not honour as written.
+
+    ART 0.5.18's LocalBackend (trainer art) reads the value only to size its progress bar and
+    takes one step per row whatever it says. Accumulating is the loop of ART's Megatron
+    backend, which runs no warm-up: ART's warm-up is its LocalBackend's first row at learning
+    rate 1e-9, which would seed Adam's moments with one row beside the accumulated step.
+    """
+    rows = run["grad_accumulation_sequences"]
+    if rows == 1:
+        return
+    if run["trainer"] == "art":
+        raise ConfigError(
+            f"config key '{key}.grad_accumulation_sequences': trainer art takes one optimizer "
+            f"step per row whatever this says (ART 0.5.18's LocalBackend ignores it), so "
+            f"{rows!r} would be silently ignored; set 1, or use trainer: torch"
+        )
+    if run["warmup"]:
+        raise ConfigError(
+            f"config key '{key}.warmup': grad_accumulation_sequences {rows!r} is the loop of "
+            "ART's Megatron backend, which has no warm-up (a 1e-9 step on the first row would "
+            "seed Adam's moments with that one row); set warmup: false"
+        )
+
+
 def _check_run(key: str, run: dict[str, Any], models: dict[str, ModelSpec]) -> None:
     """The cross-key rules of one training run (see ``check_cross_keys``)."""
     base = run["base_model"]
@@ -313,6 +338,7 @@ def _check_run(key: str, run: dict[str, Any], models: dict[str, ModelSpec]) -> N
                 f"config key '{key}.compile_update': trainer art updates with ART's own "
                 "kernels; compile_update is for trainer torch"
             )
+    _check_accumulation(key, run)
     if model.is_served and model.entry["serve"]["lora"] is None:
         raise ConfigError(
             f"config key 'models.{base}.serve.lora': '{base}' is trained by {key}, so its "

@@ -10,6 +10,9 @@ from typing import Any, Literal
 from coordgap.config.keys import ConfigError
 from coordgap.env.variants import RewardVariant, RewardWeights
 
+# ``grad_accumulation_sequences``' value that puts every row of an update into one step.
+ALL_ROWS = "all"
+
 
 class Trainer(StrEnum):
     """What runs a GRPO update (README.md: GRPO training)."""
@@ -61,6 +64,10 @@ class TrainingRunConfig:
         epsilon: Lower clip of the importance ratio (None: ART's default for the loss).
         epsilon_high: Upper clip (None: ART's default for the loss).
         optimizer: AdamW's other settings.
+        grad_accumulation_sequences: Rows per optimizer step, as ART's ``TrainConfig`` names
+            it: 1 is ART's LocalBackend loop (one AdamW step per row); more accumulates that
+            many rows into one step (``coordgap.training.grpo``); None accumulates every row
+            of the update (``all`` in the config).
         warmup: Run ART's warm-up step (learning rate 1e-9 on the first row) before the first
             update of a fresh optimizer.
         compile_update: Run the update's decoder layers compiled by ``torch.compile`` (trainer
@@ -88,6 +95,7 @@ class TrainingRunConfig:
     epsilon: float | None
     epsilon_high: float | None
     optimizer: OptimizerSettings
+    grad_accumulation_sequences: int | None
     warmup: bool
     compile_update: bool
     max_in_flight: int
@@ -135,6 +143,11 @@ class TrainingRunConfig:
             epsilon=entry["epsilon"],
             epsilon_high=entry["epsilon_high"],
             optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
+            grad_accumulation_sequences=(
+                None
+                if entry["grad_accumulation_sequences"] == ALL_ROWS
+                else int(entry["grad_accumulation_sequences"])
+            ),
             warmup=bool(entry["warmup"]),
             compile_update=bool(entry["compile_update"]),
             max_in_flight=int(entry["max_in_flight"]),

@@ -182,6 +182,8 @@ def update_stats(
         groups_trainable=int(metrics["data/step_num_groups_trainable"]),
         trajectories=sum(len(group.trajectories) for group in groups),
         rows=int(metrics[art.metrics_taxonomy.TRAIN_GRADIENT_STEPS_KEY]),
+        # One optimizer step per row: ART's LocalBackend (grad_accumulation_sequences 1).
+        optimizer_steps=int(metrics[art.metrics_taxonomy.TRAIN_GRADIENT_STEPS_KEY]),
         tokens=0 if rows_shape is None else math.prod(rows_shape),
         trained_tokens=int(metrics["data/step_trainer_tokens"]),
         loss=float(metrics.get("loss/train", float("nan"))),

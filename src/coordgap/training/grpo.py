@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, DynamicCache
 
 from coordgap import preemption
 from coordgap.policies.base import BatchSlot
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from pathlib import Path
 
+    from art.loss import Loss
     from art.preprocessing.inputs import TrainInputs
     from art.preprocessing.pack import PackedTensors
     from art.preprocessing.tokenize import TokenizedResult
@@ -92,6 +93,12 @@ logger = logging.getLogger(__name__)
 # Padding of ART's packed rows: never a token id, so a row's length is where it starts.
 _PAD = -100
 
+# Rows of an accumulated optimizer step that run through the model in one batch, after their
+# shared prefix (``TorchGRPOTrainer._accumulate``): enough to batch the matrix products, few
+# enough that the float32 vocabulary-sized log-probs of their candidates (about 100 columns a
+# row) stay near 200 MB with their gradient.
+_UPDATE_BATCH = 8
+
 
 @dataclass(frozen=True, slots=True)
 class UpdateStats:
@@ -102,17 +109,20 @@ class UpdateStats:
         groups_trainable: Groups with at least one trajectory left after ART dropped the
             zero-advantage ones.
         trajectories: Trajectories trained on.
-        rows: Rows, each one optimizer step (one LLM call each).
+        rows: Rows (one LLM call each).
+        optimizer_steps: AdamW steps taken: one per row, or one per
+            ``grad_accumulation_sequences`` rows.
         tokens: Tokens run through the model, over all rows (a constrained row runs its
             prompt and every candidate).
         trained_tokens: Trained positions: a free decision's sampled tokens, one per
             constrained decision.
         loss: Mean row loss (NaN without rows).
-        grad_norm: Mean gradient norm before clipping (NaN without rows).
-        clipped_share: Share of rows whose gradient norm exceeded ``max_grad_norm``, so that
-            their step was cut to the same size (NaN without rows).
+        grad_norm: Mean gradient norm of an optimizer step before clipping (NaN without rows).
+        clipped_share: Share of optimizer steps whose gradient norm exceeded
+            ``max_grad_norm``, so that their step was cut to that size (NaN without rows).
         ratio_log_mean: Mean |log importance ratio| over the trained positions, each taken
-            when its row is trained (earlier rows of the step have moved the policy by then).
+            when its optimizer step is computed (earlier steps of the update have moved the
+            policy by then).
         ratio_log_first: The same over the first row only: the policy that sampled, so this is
             the numerical disagreement between sampler and trainer.
         seconds: Wall time of the update.
@@ -122,6 +132,7 @@ class UpdateStats:
     groups_trainable: int
     trajectories: int
     rows: int
+    optimizer_steps: int
     tokens: int
     trained_tokens: int
     loss: float
@@ -364,8 +375,7 @@ class TorchGRPOTrainer:
         candidates after; one forward pass scores them all again, with gradients.
         """
         tokens = inputs["tokens"][0]
-        (action,) = inputs["assistant_mask"][0].nonzero()[:, 0].tolist()
-        row = candidate_row(tokens[:action].tolist(), choice.candidates)
+        row = candidate_row(tokens[: _trained_position(inputs)].tolist(), choice.candidates)
         layout = packed_layout([row], 0, pad_id=0)
         device = self.model.device
         hidden = self._decoder(
@@ -375,13 +385,26 @@ class TorchGRPOTrainer:
             use_cache=False,
         ).last_hidden_state[0, candidate_columns(row, choice.candidates)]
         log_probs = torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
+        return self._placed_log_mu(inputs, choice, log_probs), layout.ids.numel()
+
+    def _placed_log_mu(
+        self, inputs: TrainInputs, choice: DecisionChoice, log_probs: torch.Tensor
+    ) -> torch.Tensor:
+        """The decision's log mu_theta(k) in a row-shaped tensor, as ``log_probs`` returns it.
+
+        Args:
+            inputs: The decision's row.
+            choice: Its choice.
+            log_probs: The next-token log-probs at its ``candidate_columns``.
+        """
         scores = torch.stack(
             [lps.sum() for lps in candidate_log_probs(log_probs, choice.candidates)]
         )
         log_mu = torch.log_softmax(scores / self.run.temperature, dim=0)[choice.chosen]
-        out = torch.zeros((1, len(tokens)), dtype=torch.float32, device=device)
-        position = torch.tensor([[0], [action - 1]], device=device)
-        return out.index_put(tuple(position), log_mu.reshape(1)), layout.ids.numel()
+        device = log_probs.device
+        out = torch.zeros((1, inputs["tokens"].shape[1]), dtype=log_mu.dtype, device=device)
+        position = torch.tensor([[0], [_trained_position(inputs) - 1]], device=device)
+        return out.index_put(tuple(position), log_mu.reshape(1))
 
     def sampler_gaps(self, rows: StepRows) -> list[float]:
         """|log p_trainer - log p_sampler| of every trained position, updating nothing.
@@ -406,9 +429,12 @@ class TorchGRPOTrainer:
         return gaps
 
     def update(self, groups: list[art.TrajectoryGroup]) -> UpdateStats:
-        """One GRPO step: one AdamW step per packed row, as ART's LocalBackend takes them.
+        """One GRPO step: AdamW steps over the packed rows, ``grad_accumulation_sequences`` each.
 
-        The first update of a fresh optimizer starts with ART's warm-up on the first row.
+        At 1 (ART's LocalBackend) every row is its own optimizer step, each clipped to
+        ``max_grad_norm``. Otherwise consecutive rows, in ART's shuffled order, share a step
+        (``_accumulated_step``). The first update of a fresh optimizer starts with ART's
+        warm-up on the first row.
 
         Args:
             groups: The step's trajectory groups.
@@ -423,13 +449,20 @@ class TorchGRPOTrainer:
         self.model.train()
         if self._warmup_pending and rows.packed is not None:
             self._warm_up(rows)
-        for index, choice in enumerate(rows.choices):
-            inputs = self.row(rows.packed, index)
-            loss, norm, new, ran = self._step(inputs, choice)
-            ratio_logs.append(_sampled_gaps(inputs, new))
-            losses.append(loss)
+        every_row = len(rows.choices)
+        size = self.run.grad_accumulation_sequences or max(every_row, 1)
+        for first in range(0, every_row, size):
+            indices = range(first, min(first + size, every_row))
+            if self.run.grad_accumulation_sequences == 1:
+                inputs = self.row(rows.packed, first)
+                loss, norm, new, ran = self._step(inputs, rows.choices[first])
+                done = _Accumulated([loss], [_sampled_gaps(inputs, new)], ran)
+            else:
+                done, norm = self._accumulated_step(rows, indices)
+            losses += done.losses
+            ratio_logs += done.ratio_logs
             norms.append(norm)
-            tokens += ran
+            tokens += done.tokens
         self.model.eval()
         trained = {id(result.trajectory) for result in rows.results}
         every = torch.cat(ratio_logs) if ratio_logs else torch.empty(0)
@@ -440,7 +473,8 @@ class TorchGRPOTrainer:
                 any(id(t) in trained for t in group.trajectories) for group in groups
             ),
             trajectories=len(trained),
-            rows=len(rows.choices),
+            rows=every_row,
+            optimizer_steps=len(norms),
             tokens=tokens,
             trained_tokens=every.numel(),
             loss=_mean(losses),
@@ -455,9 +489,25 @@ class TorchGRPOTrainer:
         """One optimizer step on one row: its loss, gradient norm, log-probs and tokens run."""
         # As ART's compute_loss: the row's config carries the learning rate (the warm-up's
         # is 1e-9).
-        for group in self.optimizer.param_groups:
-            group["lr"] = inputs["config"].learning_rate
+        self._set_learning_rate(inputs["config"].learning_rate)
         new, ran = self.log_probs(inputs, choice)
+        loss = self._loss(inputs, new).policy_loss
+        loss.backward()
+        return loss.item(), self._optimizer_step(), new, ran
+
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradient to ``max_grad_norm``, step and clear it; the norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.run.optimizer.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.item()
+
+    def _loss(self, inputs: TrainInputs, new: torch.Tensor) -> Loss:
+        """ART's loss of one row, given the current policy's log-probs (``log_probs``)."""
         with warnings.catch_warnings():
             # ART's loss also computes the correlation of old and new probabilities (a metric
             # only), undefined over one trained position: NaN, and a warning per decision row.
@@ -468,12 +518,148 @@ class TorchGRPOTrainer:
                 key: value.to(new.device) if isinstance(value, torch.Tensor) else value
                 for key, value in inputs.items()
             }
-            loss = art.loss.loss_fn(on_device, new, None, None, self._loss_config).policy_loss
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.run.optimizer.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.item(), norm.item(), new, ran
+            return art.loss.loss_fn(on_device, new, None, None, self._loss_config)
+
+    def _accumulated_step(
+        self, rows: StepRows, indices: Sequence[int]
+    ) -> tuple[_Accumulated, float]:
+        """One AdamW step on several rows: their accumulated gradient, clipped as a whole.
+
+        The step's gradient is ART's Megatron backend's: every row's loss summed over its
+        trained positions, the sum divided by the step's trained positions, so it is the mean
+        over the step's trained positions of their per-position gradients (for constrained
+        decisions, one position a row: the mean of the rows' gradients as the one-row loop
+        computes them). ``max_grad_norm`` then clips that gradient once.
+
+        Args:
+            rows: The update's rows (``rows``).
+            indices: The rows that share the step.
+
+        Returns:
+            What the rows did, and the step's gradient norm before clipping.
+        """
+        self._set_learning_rate(self.run.learning_rate)
+        inputs = [self.row(rows.packed, index) for index in indices]
+        positions = sum(int(row["assistant_mask"].sum()) for row in inputs)
+        done = self.accumulate(inputs, [rows.choices[index] for index in indices], 1 / positions)
+        return done, self._optimizer_step()
+
+    def accumulate(
+        self, inputs: Sequence[TrainInputs], choices: Sequence[Choice], scale: float
+    ) -> _Accumulated:
+        """Add ``scale`` times the gradient of the rows' summed losses to the adapter's gradients.
+
+        Constrained decisions run batched after the prompt prefix they all share, computed
+        once (the idea of Prefix Grouper, arXiv 2506.05433): the prefix's keys and values go
+        into every row's attention as they are, and their gradients, summed over the rows,
+        flow back through the prefix in one backward pass. The gradient is the one of running
+        each row whole, up to rounding (a test holds it to 1e-5 in float32). Free decisions
+        run one by one, whole.
+
+        Args:
+            inputs: The rows (``row``).
+            choices: Their choices (``StepRows.choices``).
+            scale: The factor of every row's loss.
+
+        Returns:
+            The rows' losses and importance-ratio gaps, in row order, and the tokens run.
+        """
+        losses: list[float] = [math.nan] * len(choices)
+        gaps: list[torch.Tensor] = [torch.empty(0)] * len(choices)
+        tokens = 0
+        decisions = [i for i, choice in enumerate(choices) if isinstance(choice, DecisionChoice)]
+        with _attention(self.model, "eager"), self._compiled.active():
+            for i in sorted(set(range(len(choices))) - set(decisions)):
+                new, ran = self.log_probs(inputs[i], choices[i])
+                loss = self._loss(inputs[i], new)
+                (loss.policy_loss_sum * scale).backward()
+                losses[i], gaps[i] = loss.policy_loss.item(), _sampled_gaps(inputs[i], new)
+                tokens += ran
+            if decisions:
+                done = self._accumulate_decisions(
+                    [inputs[i] for i in decisions], [choices[i] for i in decisions], scale
+                )
+                for k, i in enumerate(decisions):
+                    losses[i], gaps[i] = done.losses[k], done.ratio_logs[k]
+                tokens += done.tokens
+        return _Accumulated(losses, gaps, tokens)
+
+    def _accumulate_decisions(
+        self, inputs: Sequence[TrainInputs], choices: Sequence[DecisionChoice], scale: float
+    ) -> _Accumulated:
+        """``accumulate`` for constrained decisions: batched after their shared prefix.
+
+        The prefix runs once, with gradients; its keys and values enter each batch as leaves
+        of their own, whose gradients add up over the batches and then run back through the
+        prefix once. Each batch packs its rows' own prompt tokens and candidates as the
+        sampler does (``packed_layout``), shortest prompts together.
+        """
+        actions = [_trained_position(row) for row in inputs]
+        prompts = [
+            row["tokens"][0, :action].tolist() for row, action in zip(inputs, actions, strict=True)
+        ]
+        prefix = _shared_prefix(prompts)
+        device = self.model.device
+        prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if prefix:
+            out = self._decoder(input_ids=torch.tensor([prefix], device=device), use_cache=True)
+            prefix_kv = [(keys, values) for keys, values, *_ in out.cache]
+        leaves = [
+            (keys.detach().requires_grad_(), values.detach().requires_grad_())
+            for keys, values in prefix_kv
+        ]
+        losses: list[float] = [math.nan] * len(inputs)
+        gaps: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
+        tokens = len(prefix)
+        by_length = sorted(range(len(inputs)), key=lambda i: len(prompts[i]))
+        for first in range(0, len(by_length), _UPDATE_BATCH):
+            batch = by_length[first : first + _UPDATE_BATCH]
+            packed = [
+                candidate_row(prompts[i][len(prefix) :], choices[i].candidates) for i in batch
+            ]
+            layout = packed_layout(packed, len(prefix), pad_id=0)
+            cache = (
+                DynamicCache(
+                    [
+                        (keys.expand(len(batch), -1, -1, -1), values.expand(len(batch), -1, -1, -1))
+                        for keys, values in leaves
+                    ]
+                )
+                if leaves
+                else None
+            )
+            hidden = self._decoder(
+                input_ids=layout.ids.to(device),
+                attention_mask=additive_mask(layout.allowed, self._dtype).to(device),
+                position_ids=layout.positions.to(device),
+                cache=cache,
+                use_cache=cache is not None,
+            ).last_hidden_state
+            columns = [
+                candidate_columns(row, choices[i].candidates)
+                for row, i in zip(packed, batch, strict=True)
+            ]
+            log_probs = torch.log_softmax(
+                F.linear(
+                    torch.cat([hidden[b, c] for b, c in enumerate(columns)]).float(),
+                    self._head,
+                ),
+                dim=-1,
+            )
+            total = torch.zeros((), device=device)
+            for i, part in zip(batch, log_probs.split([len(c) for c in columns]), strict=True):
+                new = self._placed_log_mu(inputs[i], choices[i], part)
+                loss = self._loss(inputs[i], new)
+                total = total + loss.policy_loss_sum
+                losses[i], gaps[i] = loss.policy_loss.item(), _sampled_gaps(inputs[i], new)
+            (total * scale).backward()
+            tokens += layout.ids.numel()
+        if prefix_kv:
+            torch.autograd.backward(
+                [tensor for pair in prefix_kv for tensor in pair],
+                [leaf.grad for pair in leaves for leaf in pair],
+            )
+        return _Accumulated(losses, gaps, tokens)
 
     def _warm_up(self, rows: StepRows) -> None:
         """ART's warm-up: one step on the first row's warm-up inputs, at learning rate 1e-9.
@@ -665,6 +851,39 @@ def _sampled_gaps(inputs: TrainInputs, new: torch.Tensor) -> torch.Tensor:
     """|new - sampler log-prob| of a row's trained positions (``new`` from ``log_probs``)."""
     sampled = inputs["assistant_mask"][0]
     return (new[0, :-1][sampled[1:]].detach().cpu() - inputs["logprobs"][0, sampled]).abs()
+
+
+class _Accumulated(NamedTuple):
+    """What rows whose gradients were accumulated did.
+
+    Attributes:
+        losses: Each row's ART loss (mean over its trained positions).
+        ratio_logs: Each row's |log importance ratio| per trained position (``_sampled_gaps``).
+        tokens: Tokens run through the model.
+    """
+
+    losses: list[float]
+    ratio_logs: list[torch.Tensor]
+    tokens: int
+
+
+def _trained_position(inputs: TrainInputs) -> int:
+    """The one trained position of a constrained decision's row."""
+    (action,) = inputs["assistant_mask"][0].nonzero()[:, 0].tolist()
+    return action
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """The leading tokens every prompt shares, leaving each at least one token of its own.
+
+    For a step's decisions that is about the system turn: the rows of one table size differ
+    from the user turn on (the seat, the forks, the round).
+    """
+    shortest = min(map(len, prompts)) - 1
+    length = 0
+    while length < shortest and all(p[length] == prompts[0][length] for p in prompts):
+        length += 1
+    return list(prompts[0][:length])
 
 
 def _mean(values: list[float]) -> float:

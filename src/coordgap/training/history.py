@@ -36,11 +36,12 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "groups_trainable": pl.Int64(),
     "trajectories": pl.Int64(),
     "rows": pl.Int64(),
+    "optimizer_steps": pl.Int64(),  # one per row, or per grad_accumulation_sequences rows
     "tokens": pl.Int64(),
     "trained_tokens": pl.Int64(),
     "loss": pl.Float64(),
     "grad_norm": pl.Float64(),
-    "clipped_share": pl.Float64(),  # rows whose gradient the max_grad_norm clip cut
+    "clipped_share": pl.Float64(),  # optimizer steps whose gradient the max_grad_norm clip cut
     "ratio_log_mean": pl.Float64(),
     "ratio_log_first": pl.Float64(),
     # What the step did to the policy (coordgap.training.probe): the rollouts' choices, the
