@@ -1,6 +1,7 @@
 # Helpers of the workflow: validation, constants, wildcard constraints, target and input
 # functions, resource presets. Every other .smk file holds rules only.
 
+import math
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -307,6 +308,13 @@ def checkpoint_env(wildcards):
 def pilot_entry(wildcards):
     """The pilot section; a config without one fails the pilot target, naming the key."""
     return pilot_section(config)
+
+
+def pilot_candidates(wildcards):
+    """How many candidate updates the pilot trains: every rate, row count and clip together."""
+    pilot = pilot_section(config)
+    keys = ("learning_rates", "grad_accumulation_sequences", "max_grad_norms")
+    return math.prod(len(pilot[key]) for key in keys)
 
 
 def pilot_recipe_run(wildcards):

@@ -82,7 +82,7 @@ rule pilot:
     resources:
         mem_mb=lambda wildcards, attempt: 8000 * attempt,
         runtime=lambda wildcards, attempt: (
-            240 * attempt * len(pilot_entry(wildcards)["learning_rates"])
+            240 * attempt * pilot_candidates(wildcards)
         ),
         gpu=1,
         **site_resources(

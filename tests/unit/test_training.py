@@ -723,6 +723,10 @@ def test_accumulated_rows_step_once_on_the_mean_of_their_gradients_with_the_pref
     assert (stats.rows, stats.optimizer_steps) == (6, 1)
     mean = batched / 6
     assert (gradient - mean).norm() <= 1e-3 * mean.norm()
+    # Adam's first step moves each weight by about lr * sign(gradient), so the change is at a
+    # cosine of ||g||_1 / (sqrt(n) ||g||_2) to the policy gradient -g (n its non-zero entries).
+    expected = mean.abs().sum() / (torch.count_nonzero(mean) ** 0.5 * mean.norm())
+    assert stats.ascent_cosine == pytest.approx(float(expected), abs=0.02)
 
 
 def test_grad_accumulation_sequences_rows_share_each_optimizer_step(
@@ -733,6 +737,8 @@ def test_grad_accumulation_sequences_rows_share_each_optimizer_step(
     # 6 rows in steps of 4: a step of 4 and a step of the 2 left.
     assert (stats.rows, stats.optimizer_steps) == (6, 2)
     assert stats.clipped_share in (0.0, 0.5, 1.0)
+    # Measured by a pass of its own over all six rows, which the update's time leaves out.
+    assert -1 <= stats.ascent_cosine <= 1
 
 
 def test_the_trainer_renders_prompts_as_the_sampler_and_art_do(

@@ -1,4 +1,4 @@
-"""Adapter of rule pilot: an arm's recipe trained at each candidate rate, and the rule's choice."""
+"""Adapter of rule pilot: an arm's recipe trained with each candidate update, and the choice."""
 
 import json
 from pathlib import Path
@@ -10,6 +10,7 @@ from coordgap.env.protocols import TOOLS
 from coordgap.logs import job_log
 from coordgap.training.pilot import (
     apply_rule,
+    candidates,
     choice_record,
     pilot_markdown,
     pilot_table,
@@ -20,7 +21,9 @@ with job_log(snakemake.log[0], "pilot") as log:
     pilot = PilotConfig.from_dict(snakemake.params.pilot)
     recipe = TrainingRunConfig.from_dict(snakemake.params.recipe_run, snakemake.params.recipe)
     env = EnvironmentConfig.from_dict(snakemake.params.environment)
-    log.info("pilot of arm %s (run %s): rates %s", pilot.arm, recipe.name, pilot.learning_rates)
+    log.info(
+        "pilot of arm %s (run %s): %d candidates", pilot.arm, recipe.name, len(candidates(pilot))
+    )
     histories = train_pilot(
         pilot=pilot,
         recipe=recipe,
@@ -38,8 +41,4 @@ with job_log(snakemake.log[0], "pilot") as log:
     Path(snakemake.output.markdown).write_text(pilot_markdown(judged, choice, pilot))
     record = choice_record(choice, pilot, recipe.name)
     Path(snakemake.output.choice).write_text(json.dumps(record, indent=2) + "\n")
-    log.info(
-        "learning rate %g (%s the rule)",
-        choice.learning_rate,
-        "kept" if choice.passed else "none kept",
-    )
+    log.info("%s (%s the rule)", record, "kept" if choice.passed else "none kept")

@@ -129,7 +129,7 @@ def _check_control(config: dict[str, Any]) -> None:
 
 
 def _check_pilot(config: dict[str, Any]) -> None:
-    """The pilot trains an arm's recipe with trainer torch, at ascending rates (optional)."""
+    """The pilot trains a control arm's recipe with trainer torch, at ascending rates (optional)."""
     if PILOT not in config:
         return
     pilot = config[PILOT]
@@ -140,6 +140,12 @@ def _check_pilot(config: dict[str, Any]) -> None:
             f"(arms: {', '.join(grouped)})"
         )
     recipe = pilot_recipe(config)
+    if not is_control(config["training"]["runs"][recipe]):
+        raise ConfigError(
+            f"config key '{PILOT}.arm': '{pilot['arm']}' is no positive-control arm (reward "
+            "variant control); the pilot's rule asks that the control's exact expected reward "
+            "rises with every update"
+        )
     if config["training"]["runs"][recipe]["trainer"] != "torch":
         raise ConfigError(
             f"config key '{PILOT}.arm': its run '{recipe}' uses trainer art, which measures no "

@@ -143,11 +143,7 @@ class TrainingRunConfig:
             epsilon=entry["epsilon"],
             epsilon_high=entry["epsilon_high"],
             optimizer=OptimizerSettings(**{k: float(v) for k, v in entry["optimizer"].items()}),
-            grad_accumulation_sequences=(
-                None
-                if entry["grad_accumulation_sequences"] == ALL_ROWS
-                else int(entry["grad_accumulation_sequences"])
-            ),
+            grad_accumulation_sequences=rows_per_step(entry["grad_accumulation_sequences"]),
             warmup=bool(entry["warmup"]),
             compile_update=bool(entry["compile_update"]),
             max_in_flight=int(entry["max_in_flight"]),
@@ -158,21 +154,26 @@ class TrainingRunConfig:
 
 @dataclass(frozen=True, slots=True)
 class PilotConfig:
-    """The learning-rate pilot (``pilot``; README.md: Choosing the learning rate: the pilot).
+    """The pilot (``pilot``; README.md: Choosing the update: the pilot).
 
-    Each rate trains the arm's recipe for ``steps`` steps from the untrained adapter; the rule
-    that picks the study's rate from what they did is ``coordgap.training.pilot.apply_rule``.
+    Each candidate update (a learning rate, rows per optimizer step and a gradient clip)
+    trains the arm's recipe for ``steps`` steps from the untrained adapter; the rule that
+    picks the study's update from what they did is ``coordgap.training.pilot.apply_rule``.
 
     Attributes:
         arm: The arm whose recipe is trained: its first seed's run.
         learning_rates: The candidate rates, ascending.
-        steps: Steps each rate trains.
+        grad_accumulation_sequences: The candidate rows per optimizer step (None: all).
+        max_grad_norms: The candidate gradient clips.
+        steps: Steps each candidate trains.
         max_ratio_log: The largest mean |log importance ratio| of a step's rows.
         max_probe_kl_per_step: The largest probe KL(mu || mu_0) per update so far.
     """
 
     arm: str
     learning_rates: tuple[float, ...]
+    grad_accumulation_sequences: tuple[int | None, ...]
+    max_grad_norms: tuple[float, ...]
     steps: int
     max_ratio_log: float
     max_probe_kl_per_step: float
@@ -183,10 +184,19 @@ class PilotConfig:
         return cls(
             arm=entry["arm"],
             learning_rates=tuple(float(rate) for rate in entry["learning_rates"]),
+            grad_accumulation_sequences=tuple(
+                rows_per_step(rows) for rows in entry["grad_accumulation_sequences"]
+            ),
+            max_grad_norms=tuple(float(norm) for norm in entry["max_grad_norms"]),
             steps=int(entry["steps"]),
             max_ratio_log=float(entry["max_ratio_log"]),
             max_probe_kl_per_step=float(entry["max_probe_kl_per_step"]),
         )
+
+
+def rows_per_step(value: int | str) -> int | None:
+    """A ``grad_accumulation_sequences`` value as the trainer takes it: None for ``all``."""
+    return None if value == ALL_ROWS else int(value)
 
 
 PILOT = "pilot"

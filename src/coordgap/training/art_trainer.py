@@ -191,6 +191,7 @@ def update_stats(
         clipped_share=float("nan"),
         ratio_log_mean=float("nan"),
         ratio_log_first=float("nan"),
+        ascent_cosine=float("nan"),
         seconds=float(metrics["time/step_trainer_s"]),
     )
 

@@ -125,7 +125,13 @@ class UpdateStats:
             policy by then).
         ratio_log_first: The same over the first row only: the policy that sampled, so this is
             the numerical disagreement between sampler and trainer.
-        seconds: Wall time of the update.
+        ascent_cosine: The cosine between the update's change of the adapter's weights and its
+            policy-gradient estimate: minus the unclipped gradient of the mean loss over all
+            the update's trained positions, at the weights it started from. Near 1 the step
+            follows the reward's direction; near 0 it is orthogonal to it; below 0 it goes
+            against it (NaN without rows). One step of all rows has it for free; other values
+            of ``grad_accumulation_sequences`` pay one more pass over the rows for it.
+        seconds: Wall time of the update, without the pass that measures ``ascent_cosine``.
     """
 
     groups: int
@@ -140,6 +146,7 @@ class UpdateStats:
     clipped_share: float
     ratio_log_mean: float
     ratio_log_first: float
+    ascent_cosine: float
     seconds: float
 
 
@@ -447,9 +454,18 @@ class TorchGRPOTrainer:
         losses, norms, ratio_logs = [], [], []
         tokens = 0
         self.model.train()
+        every_row = len(rows.choices)
+        # All rows in one step: that step's gradient is the policy-gradient estimate itself.
+        one_step = self.run.grad_accumulation_sequences is None
+        before = [parameter.detach().clone() for parameter in self._parameters]
+        ascent = None
+        measuring = time.perf_counter()
+        if rows.packed is not None and not one_step:
+            ascent = self._ascent(rows)
+        # Left out of the update's time, which a one-row loop then reports as ART's costs.
+        measured = time.perf_counter() - measuring
         if self._warmup_pending and rows.packed is not None:
             self._warm_up(rows)
-        every_row = len(rows.choices)
         size = self.run.grad_accumulation_sequences or max(every_row, 1)
         for first in range(0, every_row, size):
             indices = range(first, min(first + size, every_row))
@@ -458,7 +474,9 @@ class TorchGRPOTrainer:
                 loss, norm, new, ran = self._step(inputs, rows.choices[first])
                 done = _Accumulated([loss], [_sampled_gaps(inputs, new)], ran)
             else:
-                done, norm = self._accumulated_step(rows, indices)
+                done, norm, gradient = self._accumulated_step(rows, indices)
+                if one_step:
+                    ascent = -gradient
             losses += done.losses
             ratio_logs += done.ratio_logs
             norms.append(norm)
@@ -467,6 +485,9 @@ class TorchGRPOTrainer:
         trained = {id(result.trajectory) for result in rows.results}
         every = torch.cat(ratio_logs) if ratio_logs else torch.empty(0)
         limit = self.run.optimizer.max_grad_norm
+        change = _flat(
+            [now.detach() - then for now, then in zip(self._parameters, before, strict=True)]
+        )
         return UpdateStats(
             groups=len(groups),
             groups_trainable=sum(
@@ -482,8 +503,23 @@ class TorchGRPOTrainer:
             clipped_share=_mean([float(norm > limit) for norm in norms]),
             ratio_log_mean=_mean(every.tolist()),
             ratio_log_first=_mean(ratio_logs[0].tolist()) if ratio_logs else math.nan,
-            seconds=time.perf_counter() - start,
+            ascent_cosine=math.nan if ascent is None else _cosine(change, ascent),
+            seconds=time.perf_counter() - start - measured,
         )
+
+    def _ascent(self, rows: StepRows) -> torch.Tensor:
+        """The update's policy-gradient estimate at the current weights, flat.
+
+        Minus the gradient of the mean loss over every trained position of the update (as
+        one accumulated step of all its rows computes it), unclipped; the adapter's gradients
+        are left cleared.
+        """
+        inputs = [self.row(rows.packed, index) for index in range(len(rows.choices))]
+        positions = sum(int(row["assistant_mask"].sum()) for row in inputs)
+        self.accumulate(inputs, rows.choices, 1 / positions)
+        gradient = _flat([parameter.grad for parameter in self._parameters])
+        self.optimizer.zero_grad(set_to_none=True)
+        return -gradient
 
     def _step(self, inputs: TrainInputs, choice: Choice) -> tuple[float, float, torch.Tensor, int]:
         """One optimizer step on one row: its loss, gradient norm, log-probs and tokens run."""
@@ -536,13 +572,15 @@ class TorchGRPOTrainer:
             indices: The rows that share the step.
 
         Returns:
-            What the rows did, and the step's gradient norm before clipping.
+            What the rows did, the step's gradient norm before clipping, and that gradient
+            (flat).
         """
         self._set_learning_rate(self.run.learning_rate)
         inputs = [self.row(rows.packed, index) for index in indices]
         positions = sum(int(row["assistant_mask"].sum()) for row in inputs)
         done = self.accumulate(inputs, [rows.choices[index] for index in indices], 1 / positions)
-        return done, self._optimizer_step()
+        gradient = _flat([parameter.grad for parameter in self._parameters])
+        return done, self._optimizer_step(), gradient
 
     def accumulate(
         self, inputs: Sequence[TrainInputs], choices: Sequence[Choice], scale: float
@@ -884,6 +922,17 @@ def _shared_prefix(prompts: Sequence[Sequence[int]]) -> list[int]:
     while length < shortest and all(p[length] == prompts[0][length] for p in prompts):
         length += 1
     return list(prompts[0][:length])
+
+
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Tensors as one flat float32 vector (the adapter's weights or gradients)."""
+    return torch.cat([tensor.detach().float().flatten() for tensor in tensors])
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The cosine of two vectors, NaN if either is zero."""
+    norms = a.norm() * b.norm()
+    return float(a @ b / norms) if norms > 0 else math.nan
 
 
 def _mean(values: list[float]) -> float:

@@ -44,6 +44,8 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "clipped_share": pl.Float64(),  # optimizer steps whose gradient the max_grad_norm clip cut
     "ratio_log_mean": pl.Float64(),
     "ratio_log_first": pl.Float64(),
+    # cos(the update's change of the weights, its unclipped policy-gradient estimate)
+    "ascent_cosine": pl.Float64(),
     # What the step did to the policy (coordgap.training.probe): the rollouts' choices, the
     # mean entropy of the six-way policy mu that drew them, and after the update the probe
     # set's KL(mu || mu_0) in float32 (what the weights learnt) and in the model's dtype (the
