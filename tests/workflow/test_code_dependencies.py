@@ -15,7 +15,7 @@ pytestmark = pytest.mark.workflow
 SCRIPTS = Path("workflow") / "scripts"
 SRC = Path("src") / "coordgap"
 # Adapters of rules outside the study DVC reproduces. The learning-rate pilot runs before a
-# study, by hand (README: "Choosing the learning rate: the pilot"); as a stage its outputs would
+# study, by hand (README: "Choosing the update: the pilot"); as a stage its outputs would
 # have to exist, since `dvc commit` (in `make all`) and `dvc repro` refuse a stage whose outputs
 # are absent, a frozen one too.
 OUTSIDE_STUDY = {"train_pilot.py"}

@@ -211,7 +211,7 @@ def pilot_section(config: dict[str, Any]) -> dict[str, Any]:
     if PILOT not in config:
         raise ConfigError(
             f"config key '{PILOT}' is missing: the pilot trains the learning rates that section "
-            "lists (README.md: Choosing the learning rate: the pilot); config/study_cpu.yaml has "
+            "lists (README.md: Choosing the update: the pilot); config/study_cpu.yaml has "
             "one"
         )
     return config[PILOT]
