@@ -19,8 +19,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import polars as pl
 import pytest
 import torch
 import yaml
@@ -48,10 +49,6 @@ from coordgap.training.trajectories import (
     trajectory_groups,
 )
 from tests.unit.test_local_model import reference_log_probs, table_conversations
-
-if TYPE_CHECKING:
-    import polars as pl
-
 
 pytestmark = [
     pytest.mark.unit,
@@ -163,11 +160,9 @@ def rollouts(
 
 def trainable_groups(rollouts: dict[str, pl.DataFrame], run) -> list[art.TrajectoryGroup]:
     """The rollouts' groups with distinct rewards per episode: every trajectory trainable."""
-    groups = trajectory_groups(rollouts["episodes"], rollouts["transcripts"], run)
-    for group in groups:
-        for trajectory in group.trajectories:
-            trajectory.reward = float(trajectory.metadata["episode"])
-    return groups
+    episodes = rollouts["episodes"]["episode"].to_list()
+    rewards = {episode: float(episode) for episode in episodes}
+    return trajectory_groups(rollouts["episodes"], rollouts["transcripts"], run, rewards)
 
 
 def two_rows(rollouts: dict[str, pl.DataFrame], run) -> list[art.TrajectoryGroup]:
@@ -217,6 +212,35 @@ def test_art_advantages_on_hand_made_groups(trainer: TorchGRPOTrainer) -> None:
     # One trained position per decision: ART's weights and advantages are per decision.
     assert rows.packed["assistant_mask"].sum(dim=1).tolist() == [1, 1]
     assert trainer.rows([equal]) == (None, [], [])
+
+
+def test_a_group_of_equal_rewards_contributes_no_rows(trainer: TorchGRPOTrainer) -> None:
+    """Paper rewards (0.2, 0.2, 0.2) next to (0.0, 0.2, 0.5): only the second group reaches
+    ART's tokenizer with trajectories."""
+    run = tiny_run(episodes_per_group=3)
+    call = choosing(trainer, decide(trainer, table_conversations(3)[0]), Tool.THINK, run)
+    # Deadlocked, so only throughput pays: 0.5 r_thru.
+    episodes = pl.DataFrame(
+        {"episode": range(6), "status": "ok", "r_thru": [0.4, 0.4, 0.4, 0.0, 0.4, 1.0]}
+    ).with_columns(r_nd=0.0, r_fair=0.0, r_idle=0.0)
+    transcripts = pl.DataFrame(
+        [{"episode": e, "round": 1, "philosopher": 0} | call for e in range(6)]
+    )
+    equal, varied = trajectory_groups(episodes, transcripts, run)
+    assert equal.trajectories == []
+    assert [t.reward for t in varied.trajectories] == [0.0, 0.2, 0.5]
+    # Given to ART whole, the equal group would train: its mean is rounded
+    # (0.20000000000000004), so every trajectory keeps an advantage of about -3e-11.
+    random.seed(0)
+    unfiltered = trainer.rows([group_of([(call, 0.2)] * 3, run)])
+    assert len(unfiltered.results) == 3
+    assert all(0 < abs(r.advantage) < 1e-9 for r in unfiltered.results)
+    random.seed(0)
+    rows = trainer.rows([equal, varied])
+    assert {id(r.trajectory) for r in rows.results} == {id(t) for t in varied.trajectories}
+    # The step played the group: the history counts it, as given and not trainable.
+    stats = trainer.update([equal])
+    assert (stats.groups, stats.groups_trainable, stats.rows) == (1, 0, 0)
 
 
 def test_a_step_with_nothing_trainable_changes_nothing(smollm2_dir: Path) -> None:

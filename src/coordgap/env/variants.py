@@ -77,6 +77,12 @@ class RewardWeights:
 # a rank test's ties and a sample's "zero variance" would tell them apart.
 REWARD_DECIMALS = 9
 
+# Rewards that differ by less than this are equal. Two rewards rounded to REWARD_DECIMALS places
+# are the same float or at least one unit of the last place (1e-9) apart, so half a unit tells
+# the two cases apart whatever float error the arithmetic on them adds (a sum of three 0.2s is
+# 0.6000000000000001).
+REWARD_TOLERANCE = 0.5 * 10.0**-REWARD_DECIMALS
+
 # Each weighted component enters the reward with this sign: two rewards, then two penalties.
 # The keys are the fields of RewardWeights.
 SIGNS: dict[str, float] = {"nd": 1.0, "thru": 1.0, "fair": -1.0, "idle": -1.0}

@@ -98,7 +98,8 @@ class UpdateStats:
     """What one GRPO update did.
 
     Attributes:
-        groups: Groups given.
+        groups: Groups given: every group the step played (one whose rewards are all equal
+            is given without trajectories, ``coordgap.training.trajectories``).
         groups_trainable: Groups with at least one trajectory left after ART dropped the
             zero-advantage ones.
         trajectories: Trajectories trained on.
