@@ -33,6 +33,7 @@ from coordgap.config.play import EnvironmentConfig
 from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.env.table import TurnOrder
 from coordgap.episodes import transcript_row
 from coordgap.policies import local
 from coordgap.policies.base import Decision, NoCallReason
@@ -41,7 +42,11 @@ from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.history import rollout_rewards
 from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs
-from coordgap.training.probe import probe_conversations, rollout_choices
+from coordgap.training.probe import (
+    first_round_conversations,
+    probe_conversations,
+    rollout_choices,
+)
 from coordgap.training.trajectories import (
     DecisionChoice,
     philosopher_trajectory,
@@ -722,6 +727,33 @@ THINKING_TEMPLATE = (
 # --- what the update did to the policy --------------------------------------------------------
 
 
+def test_the_control_rewards_expectation_is_exact_from_round_1s_prompts(
+    trainer: TorchGRPOTrainer, rollouts: dict[str, pl.DataFrame]
+) -> None:
+    """E[r1] is the mean over the seats of mu(right | the seat's round-1 prompt): the prompts
+    are those every rollout's round 1 sent, and r1_exact the mean mu(right) its seats drew from."""
+    run = tiny_run()
+    prompts = first_round_conversations(tiny_env(rounds=1), TEMPLATES, run.n)
+    assert prompts is not None
+    assert len(prompts) == run.n
+    sent = rollouts["transcripts"].filter(pl.col("round") == 1)
+    assert sent.height == 2 * run.n
+    right = SIX.index(Tool.PICK_UP_RIGHT)
+    drawn = []
+    for call in sent.iter_rows(named=True):
+        # As the sampler sends them: the tools described in the system message.
+        assert json.loads(call["messages"]) == local.with_tools(prompts[call["philosopher"]], SIX)
+        scores = torch.tensor(call["scores"]) / call["temperature"]
+        drawn.append(torch.softmax(scores, dim=0)[right].item())
+    exact = trainer.first_round_right(prompts, SIX)
+    # The rollouts' policy is the untrained one: the adapter (B = 0) is the base model.
+    assert exact["r1_exact"] == exact["r1_exact_base"]
+    assert exact["r1_exact"] == pytest.approx(sum(drawn) / len(drawn), abs=1e-6)
+    # Under sequential turns a later seat's round-1 prompt depends on the earlier ones' choices.
+    sequential = dataclasses.replace(tiny_env(rounds=1), turn_order=TurnOrder.SEQUENTIAL)
+    assert first_round_conversations(sequential, TEMPLATES, run.n) is None
+
+
 def test_the_probe_measures_how_far_the_policy_moved(
     smollm2_dir: Path, rollouts: dict[str, pl.DataFrame]
 ) -> None:
@@ -730,7 +762,9 @@ def test_the_probe_measures_how_far_the_policy_moved(
     probes = probe_conversations(tiny_env(), TEMPLATES, 5)
     assert len(probes) == 9
     assert len({json.dumps(chat) for chat in probes}) == 9
+    first_round = first_round_conversations(tiny_env(), TEMPLATES, run.n)
     untrained = trainer.probe(probes, SIX)
+    untrained_r1 = trainer.first_round_right(first_round, SIX)
     # The untrained adapter (B = 0) is the base model exactly, in either dtype.
     assert untrained["probe_kl"] == untrained["probe_kl_acting"] == 0.0
     assert sum(untrained[f"probe_{tool}"] for tool in SIX) == pytest.approx(1.0)
@@ -740,6 +774,9 @@ def test_the_probe_measures_how_far_the_policy_moved(
     trained = trainer.probe(probes, SIX)
     assert trained["probe_kl"] > 1e-6
     assert trained["probe_kl_acting"] > 1e-6
+    # The control's exact expectation moves with the policy; the untrained model's stays.
+    moved = trainer.first_round_right(first_round, SIX)
+    assert moved["r1_exact"] != moved["r1_exact_base"] == untrained_r1["r1_exact_base"]
     # The float32 probe leaves the base model's weights as they were, bit for bit, its
     # matrices in the dtype they multiply in.
     assert matmul_dtype(trainer.model) == compute_dtype(BASE["dtype"], "cpu")
