@@ -45,7 +45,6 @@ from coordgap.models.prepare import prepare_model
 from coordgap.policies.local import DTYPES, compute_dtype, matmul_dtype
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.probe import probe_conversations
-from coordgap.training.trajectories import trajectory_groups
 
 # Larger than ART's 5e-6 so that one update moves the probe's KL well above its rounding
 # (about 0.01 to 0.05 nats, the size of the CPU study's updates); the timings do not depend on it.
@@ -69,8 +68,7 @@ def compare(dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> dict[str, Any]
         decisions = int(tables["episodes"]["decisions"].sum())
         if rows is None:
             rows = tables
-        groups = trajectory_groups(rows["episodes"], rows["transcripts"], run)
-        all_trainable(groups)
+        groups = all_trainable(rows["episodes"], rows["transcripts"], run)
         random.seed(0)
         stats = trainer.update(groups)
         probe = trainer.probe(probes, TOOLS6)

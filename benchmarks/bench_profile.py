@@ -59,7 +59,6 @@ from torch.profiler import ProfilerActivity, profile
 from coordgap.models.prepare import prepare_model
 from coordgap.policies.local import compute_dtype
 from coordgap.training.grpo import TorchGRPOTrainer
-from coordgap.training.trajectories import trajectory_groups
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -217,8 +216,7 @@ def update_rows(
     base = {**BASE, "dtype": dtype}
     trainer = TorchGRPOTrainer(MODEL_DIR, run, base)
     tables = step_rollouts(trainer, run)
-    groups = trajectory_groups(tables["episodes"], tables["transcripts"], run)
-    all_trainable(groups)
+    groups = all_trainable(tables["episodes"], tables["transcripts"], run)
     random.seed(0)
     packed = trainer.rows(groups)
     inputs = [trainer.row(packed.packed, index) for index in range(rows)]

@@ -69,7 +69,7 @@ from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs
 from coordgap.training.probe import probe_conversations
-from coordgap.training.trajectories import philosopher_trajectory, trajectory_groups
+from coordgap.training.trajectories import philosopher_trajectory
 
 if TYPE_CHECKING:
     import polars as pl
@@ -115,8 +115,7 @@ def time_step(groups_per_step: int, episodes_per_group: int) -> dict[str, Any]:
             transcripts = transcripts.with_columns(
                 candidates=None, scores=None, choice=None, choice_logprob=None
             )
-        groups = trajectory_groups(tables["episodes"], transcripts, run)
-        all_trainable(groups)
+        groups = all_trainable(tables["episodes"], transcripts, run)
         fresh = TorchGRPOTrainer(MODEL_DIR, run, BASE)
         random.seed(0)
         noise = fresh.sampler_gaps(fresh.rows(groups))

@@ -14,14 +14,20 @@ import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import polars as pl
 import torch
 
 from coordgap.env.observation import PromptTemplates, observe
 from coordgap.env.protocols import TOOLS, Protocol
 from coordgap.env.table import Table, TieBreak
+from coordgap.training.trajectories import trajectory_groups
+
+if TYPE_CHECKING:
+    from coordgap.config.training import TrainingRunConfig
+    from coordgap.training._art import art
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -82,15 +88,17 @@ def table_prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
     return [templates.messages(observe(table, seat, 2, 5)) for seat in range(n)]
 
 
-def all_trainable(groups: list[Any]) -> None:
-    """Give every trajectory of ``groups`` its episode index as reward, in place.
+def all_trainable(
+    episodes: pl.DataFrame, transcripts: pl.DataFrame, run: TrainingRunConfig
+) -> list[art.TrajectoryGroup]:
+    """A step's groups with every episode's index as its reward.
 
     An update's cost does not depend on the rewards' values; distinct rewards per episode make
     every trajectory trainable, the largest update a step can have.
     """
-    for group in groups:
-        for trajectory in group.trajectories:
-            trajectory.reward = float(trajectory.metadata["episode"])
+    ok = episodes.filter(pl.col("status") == "ok")["episode"].to_list()
+    rewards = {episode: float(episode) for episode in ok}
+    return trajectory_groups(episodes, transcripts, run, rewards)
 
 
 def write_results(name: str, results: dict[str, Any]) -> None:

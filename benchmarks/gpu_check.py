@@ -71,7 +71,6 @@ try:
     from coordgap.models.prepare import prepare_model
     from coordgap.policies.local import LocalChatModel, compute_dtype
     from coordgap.training.grpo import TorchGRPOTrainer
-    from coordgap.training.trajectories import trajectory_groups
 except ModuleNotFoundError as missing:
     # Where this runs is a machine whose Python is not known in advance: say what is missing
     # rather than leave a traceback.
@@ -235,8 +234,7 @@ def time_update(folder: Path, shape: str, device: torch.device, peak: float) -> 
     start = time.perf_counter()
     tables = step_rollouts(trainer, run)
     rollout_seconds = time.perf_counter() - start
-    groups = trajectory_groups(tables["episodes"], tables["transcripts"], run)
-    all_trainable(groups)
+    groups = all_trainable(tables["episodes"], tables["transcripts"], run)
     updates = []
     # A GPU's first update also pays loading the backward's kernels, once; a CPU has none.
     for _ in range(1 if device.type == "cpu" else 2):

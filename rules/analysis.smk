@@ -121,6 +121,7 @@ rule compare_seeds:
 rule check_control:
     input:
         episodes=control_tables,
+        histories=control_histories,
     output:
         report(
             CONTROL_TABLE,

@@ -400,6 +400,12 @@ def control_tables(wildcards):
     ]
 
 
+def control_histories(wildcards):
+    """The control arm's training histories, in seed order: each checkpoint's exact expected
+    control reward, and the untrained model's, that the check judges."""
+    return [f"results/train/{run}/history.parquet" for run in ARMS[CONTROL["run"]]]
+
+
 def control_targets():
     """The control check's table, where the study has a positive control."""
     return [CONTROL_TABLE] if CONTROL else []

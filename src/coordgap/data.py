@@ -42,6 +42,9 @@ EPISODE_SCHEMA: dict[str, pl.DataType] = {
     # chances to eat (a meal needs one), whether taken or not.
     "both_forks": pl.Int64(),
     **{column: pl.Int64() for column in CALL_COLUMNS},
+    # Round-1 decisions that reach for the right fork (RIGHT_REACHES): the positive control's
+    # reward reads them (coordgap.env.variants).
+    "round1_right": pl.Int64(),
     "decisions": pl.Int64(),
     "actions": pl.Int64(),
     "think": pl.Int64(),
@@ -96,6 +99,11 @@ STEP_GLOB = "step_????"
 def step_label(step: int) -> str:
     """The name of a step's checkpoint, tables and ``checkpoint`` column value."""
     return f"step_{step:04d}"
+
+
+def label_step(label: str) -> int:
+    """The step a ``step_label`` names (``step_0003`` -> 3)."""
+    return int(label.removeprefix("step_"))
 
 
 # The tables of a set of episodes by name (``n<N>.parquet``, ``.steps``, ``.transcripts``).

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordgap.data import CALL_COLUMNS
 from coordgap.env.observation import Observation, PastTurn, observe
-from coordgap.env.protocols import IDLE_TOOL
+from coordgap.env.protocols import IDLE_TOOL, RIGHT_REACHES
 from coordgap.env.reward import components
 from coordgap.env.table import Outcome, Result, Table, TurnOrder
 from coordgap.policies.base import NoCallReason
@@ -83,6 +83,7 @@ class EpisodeRecorder:
         self._latency = 0.0
         self._deadlocks = 0
         self._both_forks = 0
+        self._round1_right = 0
         self._deadlock_round: int | None = None
         self.log = EpisodeLog(row={})
 
@@ -100,6 +101,8 @@ class EpisodeRecorder:
         reason = decision.no_call_reason if decision.tool is None else result.reason
         if tool is not None:
             self._calls[tool] += 1
+        if self.round == 1 and decision.tool in RIGHT_REACHES:
+            self._round1_right += 1
         if decision.no_call_reason is not None:
             self._no_call_reasons[decision.no_call_reason] += 1
         self._outcomes[result.outcome] += 1
@@ -167,6 +170,7 @@ class EpisodeRecorder:
             "meals_per_philosopher": list(meals),
             "both_forks": self._both_forks,
             **{column: self._calls[column.removeprefix("calls_")] for column in CALL_COLUMNS},
+            "round1_right": self._round1_right,
             "decisions": sum(self._outcomes.values()),
             "actions": actions,
             "think": think,

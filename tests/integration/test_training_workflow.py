@@ -131,6 +131,10 @@ def test_every_step_is_a_checkpoint_and_the_job_uses_the_rules_threads(
         trained_rows += row["rows"]
         # The untrained adapter is the base model exactly; any update moves mu.
         assert (row["probe_kl"] > 0) == (trained_rows > 0)
+        # The control reward's exact expectation at the step's N, whatever the run trains on.
+        assert 0 < row["r1_exact_base"] < 1
+        if trained_rows == 0:
+            assert row["r1_exact"] == row["r1_exact_base"]
     # Snakemake gave the job two threads, and torch used exactly those.
     output = "".join((trained_study / name).read_text() for name in RUN_OUTPUT)
     assert re.search(r"rule train_grpo:.*?threads: 2", output, flags=re.DOTALL)

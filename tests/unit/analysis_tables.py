@@ -20,7 +20,7 @@ from coordgap.config.analysis import (
     PowerConfig,
 )
 from coordgap.config.play import EnvironmentConfig, ScriptedPolicy
-from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA, STEP_SCHEMA, EpisodeSeeds
+from coordgap.data import CALL_COLUMNS, EPISODE_SCHEMA, STEP_SCHEMA, EpisodeSeeds, step_label
 from coordgap.env.protocols import Protocol
 from coordgap.env.reward import components
 from coordgap.env.table import TieBreak, TurnOrder
@@ -115,6 +115,7 @@ def episode(
         "meals_per_philosopher": meals,
         "both_forks": eaten,  # each meal's round ends with the eater holding both forks
         **calls,
+        "round1_right": 0,
         "decisions": actions + no_call,
         "actions": actions,
         "think": think,
@@ -137,35 +138,57 @@ def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
 
 
 # The positive control of the control tests: arm `control`, its seeds' `last` checkpoints
-# against the base model at N = 5, which must rise by 0.10 in every seed.
+# against the base model at N = 5, whose exact E[r1] must rise by 0.10 in every seed.
 CONTROL = ControlConfig(run="control", model="base", policy="last", n=5, min_gain=0.10)
 CONTROL_RUNS = ("control-s1", "control-s2", "control-s3")
-# Decisions of each control episode: 5 seats x 5 rounds x 2, so that shares are fiftieths.
-CONTROL_DECISIONS = 50
+# The control runs' steps, and the untrained model's exact E[r1] in their histories.
+CONTROL_STEPS = 3
+CONTROL_BASE = 0.2
 
 
-def reaching(model: str, rights: list[int], *, status: str = "ok") -> list[dict[str, Any]]:
-    """A cell of N = 5 episodes whose decisions reach for the right fork ``rights[i]`` times of
-    ``CONTROL_DECISIONS`` each, the rest for the left fork, and no meal or deadlock."""
+def control_history(last: float | None) -> pl.DataFrame:
+    """A control run's history: E[r1] after each update rising by 0.01 a step from the
+    untrained model's ``CONTROL_BASE``, and ``last`` after the final one (None: a run that
+    measured nothing, as under trainer art)."""
+    exact = [CONTROL_BASE + 0.01 * (step + 1) for step in range(CONTROL_STEPS - 1)] + [last]
+    return pl.DataFrame(
+        {
+            "step": range(CONTROL_STEPS),
+            "r1_exact": exact if last is not None else [None] * CONTROL_STEPS,
+            "r1_exact_base": [CONTROL_BASE if last is not None else None] * CONTROL_STEPS,
+        },
+        schema={"step": pl.Int64(), "r1_exact": pl.Float64(), "r1_exact_base": pl.Float64()},
+    )
+
+
+def reaching(
+    model: str, rights: list[int], *, status: str = "ok", step: int | None = None
+) -> list[dict[str, Any]]:
+    """A cell of N = 5 episodes in which ``rights[i]`` seats reach for the right fork in
+    round 1, played by checkpoint ``step`` (None: the base model)."""
+    checkpoint = "base" if step is None else step_label(step)
     return [
-        episode(model, 5, i, status=status)
-        | {
-            "calls_pick_up_right": right,
-            "calls_pick_up_left": CONTROL_DECISIONS - right,
-            "decisions": CONTROL_DECISIONS,
-        }
+        episode(model, 5, i, status=status) | {"round1_right": right, "checkpoint": checkpoint}
         for i, right in enumerate(rights)
     ]
 
 
-def control_check(seeds: list[list[int]], base: list[int]) -> pl.DataFrame:
-    """The control check of the base model's cell ``base`` and each seed's ``last`` cell,
-    their episodes' right-fork reaches out of ``CONTROL_DECISIONS`` (an empty seed: only
-    error episodes)."""
-    rows = reaching("base", base)
-    for run, rights in zip(CONTROL_RUNS, seeds, strict=True):
-        rows += reaching(f"{run}@last", rights) or reaching(f"{run}@last", [0], status="error")
-    return control_table(frame(rows), CONTROL_RUNS, CONTROL)
+def control_check(
+    lasts: list[float | None],
+    tests: list[list[int] | None] | None = None,
+    step: int = CONTROL_STEPS,
+) -> pl.DataFrame:
+    """The control check of each seed's checkpoint ``step``, its run's final E[r1] ``lasts[i]``
+    (``control_history``), beside its test cell ``tests[i]`` of round-1 right reaches (default
+    2 of 5 in two episodes; [] only error episodes; None no episode) and the base model's cell
+    (1 of 5 in three episodes)."""
+    rows = reaching("base", [1, 1, 1])
+    for run, test in zip(CONTROL_RUNS, tests or [[2, 2]] * len(CONTROL_RUNS), strict=True):
+        if test is not None:
+            cell = reaching(f"{run}@last", test, step=step)
+            rows += cell or reaching(f"{run}@last", [0], status="error", step=step)
+    histories = {run: control_history(last) for run, last in zip(CONTROL_RUNS, lasts, strict=True)}
+    return control_table(frame(rows), histories, CONTROL)
 
 
 def table(sizes: tuple[int, ...] = (5,)) -> pl.DataFrame:

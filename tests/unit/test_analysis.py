@@ -37,8 +37,10 @@ from tests.unit.analysis_tables import (
     CONFIG,
     CONTROL,
     CONTROL_RUNS,
+    CONTROL_STEPS,
     Written,
     control_check,
+    control_history,
     episode,
     frame,
     reaching,
@@ -408,46 +410,76 @@ def test_write_csv_rounds_and_writes_no_nan_and_no_negative_zero(tmp_path: Path)
 
 
 def test_the_control_check_passes_only_when_every_seed_gains_the_threshold() -> None:
-    # The base model reaches right in 10 of 50 decisions (0.2); the seeds gain 0.16, 0.12 and
-    # exactly the threshold, 0.10, which passes (0.3 - 0.2 is 0.09999999999999998 in floats).
-    passing = control_check([[18, 18], [16, 16], [15, 15]], base=[10, 10, 10])
+    # The untrained model's exact E[r1] is 0.2; the seeds' last checkpoints reach 0.36, 0.32
+    # and 0.30: gains 0.16, 0.12 and exactly the threshold, 0.10, which passes (0.3 - 0.2 is
+    # 0.09999999999999998 in floats).
+    passing = control_check([0.36, 0.32, 0.30])
     assert passing.columns == list(CONTROL_SCHEMA)
     seeds = passing.filter(pl.col("level") == "seed")
     assert seeds["name"].to_list() == [f"{run}@last" for run in CONTROL_RUNS]
-    assert seeds["episodes"].to_list() == [2, 2, 2]
-    assert seeds["share"].to_list() == pytest.approx([0.36, 0.32, 0.30])
+    assert seeds["step"].to_list() == [3, 3, 3]
+    assert seeds["exact"].to_list() == pytest.approx([0.36, 0.32, 0.30])
+    assert seeds["model_exact"].to_list() == pytest.approx([0.2] * 3)
     assert seeds["gain"].to_list() == pytest.approx([0.16, 0.12, 0.10])
     assert seeds["passed"].to_list() == [True, True, True]
+    # Beside them the test episodes' shares: 2 and 1 of the 5 seats reach right in round 1.
+    assert seeds["episodes"].to_list() == [2, 2, 2]
+    assert seeds["share"].to_list() == pytest.approx([0.4] * 3)
     arm = passing.filter(pl.col("level") == "arm").row(0, named=True)
-    assert (arm["name"], arm["n"], arm["episodes"]) == ("control@last", 5, 6)
+    assert (arm["name"], arm["n"], arm["step"], arm["episodes"]) == ("control@last", 5, None, 6)
     assert (arm["model"], arm["model_episodes"], arm["min_gain"]) == ("base", 3, 0.10)
     assert arm["model_share"] == pytest.approx(0.2)
-    assert arm["share"] == pytest.approx((0.36 + 0.32 + 0.30) / 3)
+    assert arm["exact"] == pytest.approx((0.36 + 0.32 + 0.30) / 3)
+    assert arm["model_exact"] == pytest.approx(0.2)
     assert arm["gain"] == pytest.approx(0.10)  # the smallest seed's: it decides the verdict
     assert arm["passed"]
 
-    # One seed short of the threshold fails the arm, however far the others moved; so does a
-    # seed whose cell has only error episodes (no share to compare).
-    short = control_check([[40, 40], [14, 14], [15, 15]], base=[10, 10, 10])
+    # One seed short of the threshold fails the arm, however far the others moved and
+    # whatever its test episodes' share (every seat of both reached right): the check reads
+    # the exact value, not the noisy estimate.
+    short = control_check([0.9, 0.28, 0.30], tests=[[2, 2], [5, 5], [2, 2]])
     assert short["passed"].to_list() == [True, False, True, False]
     assert short.filter(pl.col("level") == "arm")["gain"].item() == pytest.approx(0.08)
-    errored = control_check([[20], [20], []], base=[12])
-    assert errored["passed"].to_list() == [True, True, False, False]
+    # A seed whose run measured nothing fails, and so does one without a test episode to say
+    # which checkpoint it chose; one whose test episodes all ended in an error still has both.
+    unmeasured = control_check([0.36, 0.36, None])
+    assert unmeasured["passed"].to_list() == [True, True, False, False]
+    assert unmeasured["exact"].to_list()[2:] == [None, None]
+    untested = control_check([0.36, 0.36, 0.36], tests=[[2], [2], None])
+    assert untested["passed"].to_list() == [True, True, False, False]
+    assert untested["step"].to_list() == [3, 3, None, None]
+    assert untested["episodes"].to_list() == [1, 1, 0, 2]
+    errored = control_check([0.36, 0.36, 0.36], tests=[[2], [2], []])
+    assert errored["passed"].to_list() == [True, True, True, True]
     assert errored["share"].to_list()[2:] == [None, None]
-    assert errored["episodes"].to_list() == [1, 1, 0, 2]
+
+
+@pytest.mark.parametrize(("step", "exact"), [(0, 0.2), (1, 0.21), (2, 0.22), (3, 0.36)])
+def test_the_control_check_reads_the_history_row_that_made_the_checkpoint(step, exact) -> None:
+    # Checkpoint k is what the update of step k - 1 made; checkpoint 0 is the untrained adapter,
+    # which acts as the base model (control_history: 0.21, 0.22, then the run's last value).
+    checked = control_check([0.36, 0.36, 0.36], step=step)
+    assert checked["step"].to_list() == [step] * 3 + [None]
+    assert checked["exact"].to_list() == pytest.approx([exact] * 4)
 
 
 def test_the_control_check_reads_only_its_cells_and_writes_its_table(tmp_path: Path) -> None:
     # Another size and another policy of the same runs are not the check's cells.
-    rows = reaching("base", [12, 12]) + reaching("control-s1@best_val", [0])
+    rows = reaching("base", [1, 2]) + reaching("control-s1@best_val", [0], step=1)
     for run in CONTROL_RUNS:
-        rows += reaching(f"{run}@last", [30])
-        rows += [row | {"n": 7} for row in reaching(f"{run}@last", [0])]
+        rows += reaching(f"{run}@last", [3], step=CONTROL_STEPS)
+        rows += [row | {"n": 7} for row in reaching(f"{run}@last", [0], step=CONTROL_STEPS)]
     path = tmp_path / "episodes.parquet"
     frame(rows).write_parquet(path)
+    histories = []
+    for run, last in zip(CONTROL_RUNS, (0.5, 0.6, 0.7), strict=True):
+        histories.append(tmp_path / f"{run}.parquet")
+        control_history(last).write_parquet(histories[-1])
     out = tmp_path / "control.csv"
-    write_control([path], CONTROL_RUNS, CONTROL, out)
+    write_control([path], histories, CONTROL_RUNS, CONTROL, out)
     written = read_table(out, CONTROL_SCHEMA)
+    assert written["exact"].to_list() == pytest.approx([0.5, 0.6, 0.7, 0.6])
+    assert written["gain"].to_list() == pytest.approx([0.3, 0.4, 0.5, 0.3])
     assert written["share"].to_list() == pytest.approx([0.6, 0.6, 0.6, 0.6])
-    assert written["gain"].to_list() == pytest.approx([0.36] * 4)
+    assert written["model_share"].to_list() == pytest.approx([0.3] * 4)
     assert written["passed"].all()

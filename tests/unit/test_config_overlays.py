@@ -336,10 +336,40 @@ def test_the_control_reward_is_never_a_coordination_reward(tmp_path, variants, m
         ({"model": "random"}, r"'analysis\.control\.model': 'random' is not the model"),
         ({"policy": "lcb_val"}, r"'analysis\.control\.policy': 'lcb_val' is not in evaluation"),
         ({"n": 7}, r"'analysis\.control\.n': 7 is not in experiment\.sizes"),
+        ({"n": 10}, r"'analysis\.control\.n': 'control' trains at N in \[5\], not at 10 only"),
     ],
 )
 def test_a_bad_control_check_is_named_before_anything_runs(tmp_path, control, message):
     config = _control_study(tmp_path, control)
+    check_schema(copy.deepcopy(config))
+    with pytest.raises(ConfigError, match=message):
+        check_cross_keys(config)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            ("training", "runs", "control-s1", "trainer"),
+            "art",
+            r"'analysis\.control\.run': 'control' uses trainer art, which cannot score",
+        ),
+        (
+            ("environment", "turn_order"),
+            "sequential",
+            r"'analysis\.control': the check needs environment\.turn_order: simultaneous",
+        ),
+    ],
+)
+def test_a_control_without_an_exact_expectation_is_refused(tmp_path, key, value, message):
+    """The check reads the exact expected reward that trainer torch records under
+    simultaneous turns, and nothing else."""
+    config = _control_study(tmp_path)
+    *parents, last = key
+    section = config
+    for parent in parents:
+        section = section[parent]
+    section[last] = value
     check_schema(copy.deepcopy(config))
     with pytest.raises(ConfigError, match=message):
         check_cross_keys(config)

@@ -406,6 +406,26 @@ def test_deadlock_ends_the_episode_only_when_terminal(protocol, turn_order, term
     assert row["deadlocks"] == (1 if terminal else env.rounds)
 
 
+@pytest.mark.parametrize("protocol", list(Protocol))
+@pytest.mark.parametrize("turn_order", list(TurnOrder))
+def test_an_episode_counts_the_right_reaches_of_round_1_alone(protocol, turn_order) -> None:
+    """``round1_right``, the control reward's count: the seats whose round-1 decision is
+    ``pick_up_right`` or ``grab_right``, whatever the later rounds do."""
+    env = env_config(protocol, turn_order, deadlock_terminal=False)
+    right = {Tool.PICK_UP_RIGHT, Tool.GRAB_RIGHT} & set(TOOLS[protocol])
+    counts, later = [], 0
+    for seed in range(12):
+        log = play_scripted(env, 5, ScriptedPolicy.RANDOM, seed)
+        first = [step for step in log.steps if step["round"] == 1]
+        assert sorted(step["philosopher"] for step in first) == list(range(5))
+        counts.append(sum(step["tool"] in right for step in first))
+        assert log.row["round1_right"] == counts[-1]
+        later += sum(log.row[f"calls_{tool}"] for tool in right) - counts[-1]
+    # The seeds cover more than one count, and right reaches after round 1 that it leaves out.
+    assert len(set(counts)) > 1
+    assert later > 0
+
+
 def test_table_needs_two_philosophers() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         make_table(1, T6)

@@ -143,29 +143,40 @@ def test_seeds_state_the_primary_familys_verdict_and_what_it_rules_out(tables):
 
 
 def test_the_positive_control_is_the_first_finding_whether_it_moved_or_not(tables):
-    # The base model reaches right in 0.2 of its decisions; every seed gains 0.10 or more.
-    moved = control_check([[18, 18], [16, 16], [15, 15]], base=[10, 10, 10])
+    # The untrained model's exact E[r1] is 0.2; every seed gains 0.10 or more.
+    moved = control_check([0.36, 0.32, 0.30])
     text = findings(tables, [], [selection({"last": 3})], control=moved)
     first = text.split("\n\n")[2].splitlines()[0]
     assert first == bullet(text, "Positive control")
     assert first.startswith(
-        "- **Positive control.** The positive control moved: at N=5 the share of "
-        "`control@last`'s decisions that reach for the right fork gained +0.10 to +0.16 over "
-        "`base`'s 0.20 in all 3 seeds (threshold +0.10, stated before the run)."
+        "- **Positive control.** The positive control moved: at N=5 the expected share of seats "
+        "whose round-1 decision reaches for the right fork under `control@last`, computed "
+        "exactly from each seed's adapter, gained +0.10 to +0.16 over `base`'s 0.20 in all 3 "
+        "seeds (threshold +0.10, stated before the run)."
     )
 
-    # One seed short, one without an ok episode: the study could not move the model as asked.
-    stuck = control_check([[40, 40], [14, 14], []], base=[10, 10, 10])
+    # One seed short, one without a test episode to name its checkpoint: the study could not
+    # move the model as asked.
+    stuck = control_check([0.9, 0.28, 0.36], tests=[[2, 2], [2, 2], None])
     text = findings(tables, [], [selection({"last": 3})], control=stuck)
     assert text.split("\n\n")[2].splitlines()[0] == bullet(text, "Positive control")
     assert bullet(text, "Positive control") == (
-        "- **Positive control.** The positive control did not move: at N=5 the share of "
-        "`control@last`'s decisions that reach for the right fork gained less than the "
-        "threshold over `base`'s 0.20 in 2 of 3 seeds (`control-s2@last` +0.08; "
-        "`control-s3@last` no ok episode; threshold +0.10, stated before the run). The "
-        "study's training could not move the model the way its reward asks (it may have moved "
-        "it elsewhere: the runs' probe KL says how far), so its null results read as 'not "
+        "- **Positive control.** The positive control did not move: at N=5 the expected share "
+        "of seats whose round-1 decision reaches for the right fork under `control@last`, "
+        "computed exactly from each seed's adapter, gained less than the threshold over "
+        "`base`'s 0.20 in 2 of 3 seeds (`control-s2@last` +0.08; `control-s3@last` no test "
+        "episode to name its checkpoint; threshold +0.10, stated before the run). The study's "
+        "training could not move the model the way its reward asks (it may have moved it "
+        "elsewhere: the runs' probe KL says how far), so its null results read as 'not "
         "trained enough', not as 'GRPO cannot'."
+    )
+    # Runs that measured nothing (trainer art) fail, and say so.
+    unmeasured = bullet(
+        findings(tables, [], [selection({"last": 3})], control=control_check([None] * 3)),
+        "Positive control",
+    )
+    assert "over `base`'s value (not measured) in 3 of 3 seeds (`control-s1@last` not " in (
+        unmeasured
     )
     # Without a control check there is no such finding, and the cell sizes come first.
     plain = findings(tables, [], [])

@@ -26,7 +26,9 @@ from tests.unit.analysis_tables import (
     CONFIG,
     CONTROL,
     CONTROL_RUNS,
+    CONTROL_STEPS,
     PAPER_REFERENCE,
+    control_history,
     episode,
     frame,
     reaching,
@@ -242,20 +244,24 @@ def test_report_regenerates_byte_identically(
     assert text == again.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize(("seed_3", "verdict"), [(15, "moved"), (14, "did not move")])
+@pytest.mark.parametrize(("seed_3", "verdict"), [(0.30, "moved"), (0.28, "did not move")])
 def test_the_control_check_opens_the_findings_and_has_its_own_section(
-    report: tuple[str, ReportInputs, Path], tmp_path: Path, seed_3: int, verdict: str
+    report: tuple[str, ReportInputs, Path], tmp_path: Path, seed_3: float, verdict: str
 ) -> None:
-    # The base model reaches right in 0.2 of its decisions; seeds 1 and 2 gain 0.16 and 0.12,
-    # seed 3 exactly the threshold (0.10) or 0.08.
-    rows = reaching("base", [10, 10, 10])
-    for run, rights in zip(CONTROL_RUNS, (18, 16, seed_3), strict=True):
-        rows += reaching(f"{run}@last", [rights, rights])
+    # The untrained model's exact E[r1] is 0.2; seeds 1 and 2 gain 0.16 and 0.12, seed 3
+    # exactly the threshold (0.10) or 0.08. In the test episodes 2 of 5 seats reach right in
+    # round 1, against the base model's 1.
+    rows = reaching("base", [1, 1, 1])
+    histories = []
+    for run, last in zip(CONTROL_RUNS, (0.36, 0.32, seed_3), strict=True):
+        rows += reaching(f"{run}@last", [2, 2], step=CONTROL_STEPS)
+        histories.append(tmp_path / f"{run}.parquet")
+        control_history(last).write_parquet(histories[-1])
     episodes = tmp_path / "control.parquet"
     frame(rows).write_parquet(episodes)
     control = tmp_path / "results" / "stats" / "control.csv"
     control.parent.mkdir(parents=True)
-    write_control([episodes], CONTROL_RUNS, CONTROL, control)
+    write_control([episodes], histories, CONTROL_RUNS, CONTROL, control)
     _, inputs, _ = report
     out_md = tmp_path / "results" / "report.md"
     write_report(dataclasses.replace(inputs, control=control), study_config(), PROVENANCE, out_md)
@@ -267,14 +273,17 @@ def test_the_control_check_opens_the_findings_and_has_its_own_section(
     first = next(line for line in findings.splitlines() if line.startswith("- "))
     assert first.startswith(f"- **Positive control.** The positive control {verdict}: at N=5")
     check = section(text, "Positive control")
-    assert "r = (calls_pick_up_right + calls_grab_right) / decisions" in check
+    assert "r = round1_right / N" in check
     assert "Data: [control.csv](stats/control.csv)." in check
-    passed = "yes" if seed_3 == 15 else "**no**"
-    assert "| `control-s1@last` | 5 | 2 | 0.360 | 0.200 | 0.160 | yes |" in check
-    assert f"| `control-s3@last` | 5 | 2 | {seed_3 / 50:.3f} | 0.200 |" in check
-    mean, gain = (18 + 16 + seed_3) / 150, seed_3 / 50 - 0.2
+    passed = "yes" if seed_3 == 0.30 else "**no**"
+    assert "| Test episodes | Test share | Model's test share (3 episodes) |" in check
+    seed_1 = "| `control-s1@last` | 5 | 3 | 0.360 | 0.200 | 0.160 | yes | 2 | 0.400 | 0.200 |"
+    assert seed_1 in check
+    assert f"| `control-s3@last` | 5 | 3 | {seed_3:.3f} | 0.200 |" in check
+    mean, gain = (0.36 + 0.32 + seed_3) / 3, seed_3 - 0.2
     assert check.rstrip().endswith(
-        f"| `control@last` (all seeds) | 5 | 6 | {mean:.3f} | 0.200 | {gain:.3f} | {passed} |"
+        f"| `control@last` (all seeds) | 5 | n/a | {mean:.3f} | 0.200 | {gain:.3f} | {passed} "
+        "| 6 | 0.400 | 0.200 |"
     )
     # The control reward is no variant of the coordination tables.
     assert "`control` reward" not in section(text, "Rewards")

@@ -224,31 +224,29 @@ def test_a_name_without_a_formula_raises_instead_of_falling_through() -> None:
         component_exprs("greedy")  # type: ignore[arg-type]
 
 
-def calls_frame(rows: list[dict[str, int]]) -> pl.DataFrame:
-    """Episode rows with the given ``calls_<tool>`` counts and decisions, every other column of
-    the episode contract null: the control reward reads only those."""
+def control_frame(rows: list[dict[str, int]]) -> pl.DataFrame:
+    """Episode rows with the given counts, every call count 0 and every other column of the
+    episode contract null: the control reward reads only ``round1_right`` and ``n``."""
     full = [dict.fromkeys(EPISODE_SCHEMA) | dict.fromkeys(CALL_COLUMNS, 0) | row for row in rows]
     return pl.DataFrame(full, schema=EPISODE_SCHEMA)
 
 
-def test_the_control_reward_is_the_share_of_decisions_that_reach_right() -> None:
-    frame = calls_frame(
+def test_the_control_reward_is_the_share_of_seats_that_reach_right_in_round_1() -> None:
+    frame = control_frame(
         [
-            # tools6: 7 right of 25 decisions; the left reaches, eats and no-calls count only
-            # as decisions.
-            {"calls_pick_up_right": 7, "calls_pick_up_left": 14, "calls_eat": 1, "decisions": 25},
-            # dpbench4: grab_right is its reach for the right fork.
-            {"calls_grab_right": 3, "calls_grab_left": 5, "calls_wait": 2, "decisions": 10},
-            # No decision at all (an episode cut off before its first turn): 0, not NaN.
-            {"decisions": 0},
-            # Every decision a right reach: the maximum.
-            {"calls_pick_up_right": 25, "decisions": 25},
+            # 2 of 5 seats reach right in round 1; the right reaches of later rounds and the
+            # other decisions do not count.
+            {"n": 5, "round1_right": 2, "calls_pick_up_right": 11, "decisions": 25},
+            # None in round 1, however often later: 0.
+            {"n": 5, "round1_right": 0, "calls_grab_right": 20, "decisions": 25},
+            # Every seat: the maximum.
+            {"n": 10, "round1_right": 10, "calls_pick_up_right": 10, "decisions": 10},
             # A third, rounded to REWARD_DECIMALS like every reward.
-            {"calls_pick_up_right": 1, "decisions": 3},
+            {"n": 3, "round1_right": 1, "calls_pick_up_right": 1, "decisions": 3},
         ]
     )
     rewards = frame.select(reward_expr(RewardVariant.CONTROL, PAPER))["reward"].to_list()
-    assert rewards == [0.28, 0.3, 0.0, 1.0, 0.333333333]
+    assert rewards == [0.4, 0.0, 1.0, 0.333333333]
     # The weights do not enter it.
     others = frame.select(reward_expr(RewardVariant.CONTROL, RewardWeights(0.0, 9.0, 9.0, 9.0)))
     assert others["reward"].to_list() == rewards

@@ -19,8 +19,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import polars as pl
 import pytest
 import torch
 import yaml
@@ -32,6 +33,7 @@ from coordgap.config.play import EnvironmentConfig
 from coordgap.config.training import TrainingRunConfig
 from coordgap.env.observation import PromptTemplates
 from coordgap.env.protocols import TOOLS, Protocol, Tool
+from coordgap.env.table import TurnOrder
 from coordgap.episodes import transcript_row
 from coordgap.policies import local
 from coordgap.policies.base import Decision, NoCallReason
@@ -40,7 +42,11 @@ from coordgap.training._art import art
 from coordgap.training.grpo import TorchGRPOTrainer
 from coordgap.training.history import rollout_rewards
 from coordgap.training.loop import play_rollouts, rollout_cell, rollout_outputs
-from coordgap.training.probe import probe_conversations, rollout_choices
+from coordgap.training.probe import (
+    first_round_conversations,
+    probe_conversations,
+    rollout_choices,
+)
 from coordgap.training.trajectories import (
     DecisionChoice,
     philosopher_trajectory,
@@ -48,10 +54,6 @@ from coordgap.training.trajectories import (
     trajectory_groups,
 )
 from tests.unit.test_local_model import reference_log_probs, table_conversations
-
-if TYPE_CHECKING:
-    import polars as pl
-
 
 pytestmark = [
     pytest.mark.unit,
@@ -163,11 +165,9 @@ def rollouts(
 
 def trainable_groups(rollouts: dict[str, pl.DataFrame], run) -> list[art.TrajectoryGroup]:
     """The rollouts' groups with distinct rewards per episode: every trajectory trainable."""
-    groups = trajectory_groups(rollouts["episodes"], rollouts["transcripts"], run)
-    for group in groups:
-        for trajectory in group.trajectories:
-            trajectory.reward = float(trajectory.metadata["episode"])
-    return groups
+    episodes = rollouts["episodes"]["episode"].to_list()
+    rewards = {episode: float(episode) for episode in episodes}
+    return trajectory_groups(rollouts["episodes"], rollouts["transcripts"], run, rewards)
 
 
 def two_rows(rollouts: dict[str, pl.DataFrame], run) -> list[art.TrajectoryGroup]:
@@ -217,6 +217,35 @@ def test_art_advantages_on_hand_made_groups(trainer: TorchGRPOTrainer) -> None:
     # One trained position per decision: ART's weights and advantages are per decision.
     assert rows.packed["assistant_mask"].sum(dim=1).tolist() == [1, 1]
     assert trainer.rows([equal]) == (None, [], [])
+
+
+def test_a_group_of_equal_rewards_contributes_no_rows(trainer: TorchGRPOTrainer) -> None:
+    """Paper rewards (0.2, 0.2, 0.2) next to (0.0, 0.2, 0.5): only the second group reaches
+    ART's tokenizer with trajectories."""
+    run = tiny_run(episodes_per_group=3)
+    call = choosing(trainer, decide(trainer, table_conversations(3)[0]), Tool.THINK, run)
+    # Deadlocked, so only throughput pays: 0.5 r_thru.
+    episodes = pl.DataFrame(
+        {"episode": range(6), "status": "ok", "r_thru": [0.4, 0.4, 0.4, 0.0, 0.4, 1.0]}
+    ).with_columns(r_nd=0.0, r_fair=0.0, r_idle=0.0)
+    transcripts = pl.DataFrame(
+        [{"episode": e, "round": 1, "philosopher": 0} | call for e in range(6)]
+    )
+    equal, varied = trajectory_groups(episodes, transcripts, run)
+    assert equal.trajectories == []
+    assert [t.reward for t in varied.trajectories] == [0.0, 0.2, 0.5]
+    # Given to ART whole, the equal group would train: its mean is rounded
+    # (0.20000000000000004), so every trajectory keeps an advantage of about -3e-11.
+    random.seed(0)
+    unfiltered = trainer.rows([group_of([(call, 0.2)] * 3, run)])
+    assert len(unfiltered.results) == 3
+    assert all(0 < abs(r.advantage) < 1e-9 for r in unfiltered.results)
+    random.seed(0)
+    rows = trainer.rows([equal, varied])
+    assert {id(r.trajectory) for r in rows.results} == {id(t) for t in varied.trajectories}
+    # The step played the group: the history counts it, as given and not trainable.
+    stats = trainer.update([equal])
+    assert (stats.groups, stats.groups_trainable, stats.rows) == (1, 0, 0)
 
 
 def test_a_step_with_nothing_trainable_changes_nothing(smollm2_dir: Path) -> None:
@@ -784,6 +813,33 @@ THINKING_TEMPLATE = (
 # --- what the update did to the policy --------------------------------------------------------
 
 
+def test_the_control_rewards_expectation_is_exact_from_round_1s_prompts(
+    trainer: TorchGRPOTrainer, rollouts: dict[str, pl.DataFrame]
+) -> None:
+    """E[r1] is the mean over the seats of mu(right | the seat's round-1 prompt): the prompts
+    are those every rollout's round 1 sent, and r1_exact the mean mu(right) its seats drew from."""
+    run = tiny_run()
+    prompts = first_round_conversations(tiny_env(rounds=1), TEMPLATES, run.n)
+    assert prompts is not None
+    assert len(prompts) == run.n
+    sent = rollouts["transcripts"].filter(pl.col("round") == 1)
+    assert sent.height == 2 * run.n
+    right = SIX.index(Tool.PICK_UP_RIGHT)
+    drawn = []
+    for call in sent.iter_rows(named=True):
+        # As the sampler sends them: the tools described in the system message.
+        assert json.loads(call["messages"]) == local.with_tools(prompts[call["philosopher"]], SIX)
+        scores = torch.tensor(call["scores"]) / call["temperature"]
+        drawn.append(torch.softmax(scores, dim=0)[right].item())
+    exact = trainer.first_round_right(prompts, SIX)
+    # The rollouts' policy is the untrained one: the adapter (B = 0) is the base model.
+    assert exact["r1_exact"] == exact["r1_exact_base"]
+    assert exact["r1_exact"] == pytest.approx(sum(drawn) / len(drawn), abs=1e-6)
+    # Under sequential turns a later seat's round-1 prompt depends on the earlier ones' choices.
+    sequential = dataclasses.replace(tiny_env(rounds=1), turn_order=TurnOrder.SEQUENTIAL)
+    assert first_round_conversations(sequential, TEMPLATES, run.n) is None
+
+
 def test_the_probe_measures_how_far_the_policy_moved(
     smollm2_dir: Path, rollouts: dict[str, pl.DataFrame]
 ) -> None:
@@ -792,7 +848,9 @@ def test_the_probe_measures_how_far_the_policy_moved(
     probes = probe_conversations(tiny_env(), TEMPLATES, 5)
     assert len(probes) == 9
     assert len({json.dumps(chat) for chat in probes}) == 9
+    first_round = first_round_conversations(tiny_env(), TEMPLATES, run.n)
     untrained = trainer.probe(probes, SIX)
+    untrained_r1 = trainer.first_round_right(first_round, SIX)
     # The untrained adapter (B = 0) is the base model exactly, in either dtype.
     assert untrained["probe_kl"] == untrained["probe_kl_acting"] == 0.0
     assert sum(untrained[f"probe_{tool}"] for tool in SIX) == pytest.approx(1.0)
@@ -802,6 +860,9 @@ def test_the_probe_measures_how_far_the_policy_moved(
     trained = trainer.probe(probes, SIX)
     assert trained["probe_kl"] > 1e-6
     assert trained["probe_kl_acting"] > 1e-6
+    # The control's exact expectation moves with the policy; the untrained model's stays.
+    moved = trainer.first_round_right(first_round, SIX)
+    assert moved["r1_exact"] != moved["r1_exact_base"] == untrained_r1["r1_exact_base"]
     # The float32 probe leaves the base model's weights as they were, bit for bit, its
     # matrices in the dtype they multiply in.
     assert matmul_dtype(trainer.model) == compute_dtype(BASE["dtype"], "cpu")

@@ -9,6 +9,7 @@ with job_log(snakemake.log[0], "check_control") as log:
     log.info("control arm of %d seeds", len(runs))
     write_control(
         episode_paths=snakemake.input.episodes,
+        history_paths=snakemake.input.histories,
         runs=runs,
         control=ControlConfig.from_dict(snakemake.params.analysis["control"]),
         out=snakemake.output[0],

@@ -4,7 +4,8 @@ Every sentence is generated from the statistics tables and the checkpoint select
 written by hand, so a run that finds nothing says so. The findings, in order:
 
 * **positive control**, first, where the study has one (``analysis.control``): whether
-  training moved the right-fork share of the control arm by the stated threshold in every seed
+  training moved the control arm's exact expected reward, the share of seats whose round-1
+  decision reaches for the right fork, by the stated threshold in every seed
   (:mod:`coordgap.analysis.control`). If it did not, the study's training could not move the
   model the way a reward asks, and every null result below reads as "not trained enough". The
   control arm is in no other finding: the statistics tables below do not include it;
@@ -186,16 +187,18 @@ def _training(
 
 def _gain(row: dict[str, Any]) -> str:
     """A seed's gain, or why it has none."""
-    return "no ok episode" if row["gain"] is None else f"{row['gain']:+.2f}"
+    if row["step"] is None:
+        return "no test episode to name its checkpoint"
+    return "not measured" if row["gain"] is None else f"{row['gain']:+.2f}"
 
 
 def _control(control: pl.DataFrame) -> str:
     seeds = control.filter(pl.col("level") == "seed")
     arm = control.filter(pl.col("level") == "arm").row(0, named=True)
-    base = "no ok episode" if arm["model_share"] is None else f"{arm['model_share']:.2f}"
+    base = "value (not measured)" if arm["model_exact"] is None else f"{arm['model_exact']:.2f}"
     share = (
-        f"at N={arm['n']} the share of `{arm['name']}`'s decisions that reach for the right fork "
-        "gained"
+        f"at N={arm['n']} the expected share of seats whose round-1 decision reaches for the "
+        f"right fork under `{arm['name']}`, computed exactly from each seed's adapter, gained"
     )
     threshold = f"threshold +{arm['min_gain']:.2f}, stated before the run"
     if arm["passed"]:

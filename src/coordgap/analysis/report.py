@@ -58,9 +58,9 @@ _DEFINITIONS: dict[RewardVariant, str] = {
         "and that unfairness counts only beyond the most even split of the meals"
     ),
     RewardVariant.CONTROL: (
-        "r = (calls_pick_up_right + calls_grab_right) / decisions, 0 without a decision: the "
-        "share of decisions that reach for the right fork, no weighted sum and no "
-        "coordination reward"
+        "r = round1_right / N, the share of the N seats whose round-1 decision reaches for the "
+        "right fork (`pick_up_right`, or dpbench4's `grab_right`), which is no weighted sum "
+        "and no coordination reward"
     ),
 }
 
@@ -173,24 +173,36 @@ def _control_section(control: pl.DataFrame, csv: str) -> str:
         [
             f"`{row['name']}`" + (" (all seeds)" if row["level"] == "arm" else ""),
             str(row["n"]),
+            _MISSING if row["step"] is None else str(row["step"]),
+            _number(row["exact"]),
+            _number(row["model_exact"]),
+            _number(row["gain"]),
+            "yes" if row["passed"] else "**no**",
             str(row["episodes"]),
             _number(row["share"]),
             _number(row["model_share"]),
-            _number(row["gain"]),
-            "yes" if row["passed"] else "**no**",
         ]
         for row in control.iter_rows(named=True)
     ]
     first = control.row(0, named=True)
-    header = ["Checkpoint", "N", "Episodes", "Right-fork share", "Model's share", "Gain"]
+    header = ["Checkpoint", "N", "Step", "E[r1], exact", "Model's E[r1]", "Gain", "Passed"]
+    header += [
+        "Test episodes",
+        "Test share",
+        f"Model's test share ({first['model_episodes']} episodes)",
+    ]
     return (
         "## Positive control\n\nThe control arm trains on the `control` reward: "
         f"{_DEFINITIONS[RewardVariant.CONTROL]}. It measures whether the study's training can "
-        "move the policy at all, and enters no other table. A seed passes when its selected "
-        f"checkpoint's share (the mean over its ok episodes) exceeds `{first['model']}`'s by at "
-        f"least {first['min_gain']:g}; the arm passes when every seed does (its row: the mean "
-        f"share and the smallest gain). Data: [{Path(csv).name}]({csv}).\n\n"
-        + _table([*header, "Passed"], rows)
+        "move the policy at all, and enters no other table. Round 1's prompts do not depend on "
+        "the policy, so a checkpoint's expected reward E[r1] is exact: the mean over the seats "
+        "of its probability of reaching right on the seat's round-1 prompt, which the training "
+        "history records after every update, beside the untrained model's. A seed passes when "
+        f"its selected checkpoint's E[r1] exceeds `{first['model']}`'s by at least "
+        f"{first['min_gain']:g}; the arm passes when every seed does (its row: the mean E[r1] "
+        "and the smallest gain). The test episodes' share (the mean reward of the ok test "
+        "episodes) estimates the same expectation with sampling noise; the check does not "
+        f"read it. Data: [{Path(csv).name}]({csv}).\n\n" + _table(header, rows)
     )
 
 

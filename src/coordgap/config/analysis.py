@@ -137,8 +137,8 @@ class ControlConfig:
         model: The model it is compared with: the arm's base model.
         policy: The selection policy whose checkpoints are checked.
         n: The table size of the check.
-        min_gain: The smallest rise of the right-fork share over the model's, in every seed,
-            that passes.
+        min_gain: The smallest rise of the selected checkpoint's exact expected ``control``
+            reward over the model's, in every seed, that passes.
     """
 
     run: str

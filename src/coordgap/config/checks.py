@@ -19,12 +19,15 @@ from coordgap.config.play import (
 )
 from coordgap.config.training import (
     PILOT,
+    Trainer,
+    TrainingRunConfig,
     arms,
     compared_arms,
     compared_checkpoints,
     is_control,
     pilot_recipe,
 )
+from coordgap.env.table import TurnOrder
 from coordgap.env.variants import RewardVariant
 from coordgap.models.prepare import parse_source
 
@@ -93,7 +96,9 @@ def _check_control(config: dict[str, Any]) -> None:
 
     ``reward.variants[0]`` is the report's headline, and every variant listed there is tabled
     and compared as a coordination reward. The check must name a control arm, its base model,
-    and a selection policy and a size that the study has.
+    and a selection policy and a size that the study has; the arm must train at that size
+    alone, with trainer torch, under simultaneous turns (the exact expected reward the check
+    reads exists only there).
     """
     for i, variant in enumerate(config["reward"]["variants"]):
         if variant == RewardVariant.CONTROL:
@@ -126,6 +131,27 @@ def _check_control(config: dict[str, Any]) -> None:
         raise ConfigError(f"{key}.policy': '{control['policy']}' is not in evaluation.policies")
     if control["n"] not in config["experiment"]["sizes"]:
         raise ConfigError(f"{key}.n': {control['n']} is not in experiment.sizes")
+    # The check judges each checkpoint's exact expected reward, which the training history
+    # records at the run's N after each update, scored by the torch trainer, from round-1
+    # prompts that only simultaneous turns keep free of the policy (coordgap.training.probe).
+    recipe = TrainingRunConfig.from_dict(grouped[run][0], entry)
+    run_sizes = {recipe.n_at(step) for step in range(recipe.steps)}
+    if run_sizes != {control["n"]}:
+        raise ConfigError(
+            f"{key}.n': '{run}' trains at N in {sorted(run_sizes)}, not at {control['n']} "
+            "only: the check reads the exact expected reward its history records at the run's N"
+        )
+    if entry["trainer"] != Trainer.TORCH:
+        raise ConfigError(
+            f"{key}.run': '{run}' uses trainer {entry['trainer']}, which cannot score the "
+            "six-way choice: the check reads the exact expected reward trainer torch records"
+        )
+    if config["environment"]["turn_order"] != TurnOrder.SIMULTANEOUS:
+        raise ConfigError(
+            f"{key}': the check needs environment.turn_order: simultaneous (under sequential "
+            "turns a later seat's round-1 prompt depends on the policy, so the control reward "
+            "has no exact expectation)"
+        )
 
 
 def _check_pilot(config: dict[str, Any]) -> None:

@@ -44,6 +44,10 @@ TOOLS: dict[Protocol, tuple[Tool, ...]] = {
     Protocol.DPBENCH4: (Tool.GRAB_LEFT, Tool.GRAB_RIGHT, Tool.RELEASE, Tool.WAIT),
 }
 
+# The tools that reach for the right fork, one per protocol: what the positive control rewards
+# (coordgap.env.variants).
+RIGHT_REACHES: frozenset[Tool] = frozenset({Tool.PICK_UP_RIGHT, Tool.GRAB_RIGHT})
+
 # The idle tool of each protocol: legal, changes nothing, counts toward r_idle.
 IDLE_TOOL: dict[Protocol, Tool] = {Protocol.TOOLS6: Tool.THINK, Protocol.DPBENCH4: Tool.WAIT}
 

@@ -25,14 +25,23 @@ of ``no_call`` decisions of an episode:
 
 One variant is no coordination reward at all:
 
-* ``control``, the **positive control**: the share of the episode's decisions that reach for
-  the right fork, ``r = (calls_pick_up_right + calls_grab_right) / decisions`` (``grab_right``
-  is the dpbench4 protocol's reach), 0 when ``decisions = 0``. It ignores the weights and has no
-  components. The untrained SmolLM2-135M reaches right in about a quarter of its decisions, so
-  GRPO samples the behaviour it rewards: a run trained on it measures whether a study's
-  training budget can move the policy at all (``analysis.control``). It says nothing about
-  coordination, so no coordination statistic or finding uses it (``coordgap.config.checks``
-  refuses it in ``reward.variants``, whose first entry is the report's headline).
+* ``control``, the **positive control**: the share of the N seats whose round-1 decision
+  reaches for the right fork, ``r = round1_right / N`` (``pick_up_right``, or the dpbench4
+  protocol's ``grab_right``). It ignores the weights and has no components. Under simultaneous
+  turns every seat decides round 1 from the table's initial state (no fork held, every fork
+  free, no meal, no history), the same whatever the policy, so the reward's expectation is the
+  mean over seats of mu(right | the seat's round-1 prompt): linear in the policy it trains, and
+  computed exactly by N forward passes (``coordgap.training.probe``), which the training
+  history records after every update and ``analysis.control`` checks. The untrained
+  SmolLM2-135M reaches right in 0.24 of its round-1 decisions at N = 5 (left in 0.76), so GRPO
+  samples the behaviour it rewards: a run trained on it measures whether a study's training
+  budget can move the policy at all.
+  It replaced a share of all the episode's decisions that reach right, whose later rounds
+  depend on the policy's earlier ones and on its neighbours': that reward's expectation had no
+  closed form, its test-episode estimate was noisy, and the study of 2026-12-06 failed on it.
+  It says nothing about coordination, so no coordination statistic or finding uses it
+  (``coordgap.config.checks`` refuses it in ``reward.variants``, whose first entry is the
+  report's headline).
 """
 
 from __future__ import annotations
@@ -44,8 +53,6 @@ from functools import reduce
 from typing import Any
 
 import polars as pl
-
-from coordgap.env.protocols import Tool
 
 
 class RewardVariant(StrEnum):
@@ -76,6 +83,12 @@ class RewardWeights:
 # sums differ by floating-point noise (~1e-16) must get the same reward, or GRPO's advantages,
 # a rank test's ties and a sample's "zero variance" would tell them apart.
 REWARD_DECIMALS = 9
+
+# Rewards that differ by less than this are equal. Two rewards rounded to REWARD_DECIMALS places
+# are the same float or at least one unit of the last place (1e-9) apart, so half a unit tells
+# the two cases apart whatever float error the arithmetic on them adds (a sum of three 0.2s is
+# 0.6000000000000001).
+REWARD_TOLERANCE = 0.5 * 10.0**-REWARD_DECIMALS
 
 # Each weighted component enters the reward with this sign: two rewards, then two penalties.
 # The keys are the fields of RewardWeights.
@@ -122,11 +135,9 @@ def _progress_components() -> dict[str, pl.Expr]:
     }
 
 
-def _right_fork_share() -> pl.Expr:
-    """The ``control`` reward: the share of decisions that reach for the right fork."""
-    right = pl.col(f"calls_{Tool.PICK_UP_RIGHT}") + pl.col(f"calls_{Tool.GRAB_RIGHT}")
-    decisions = pl.col("decisions")
-    return pl.when(decisions > 0).then(right / decisions).otherwise(0.0)
+def _round1_right_share() -> pl.Expr:
+    """The ``control`` reward: the share of seats whose round-1 decision reaches right."""
+    return pl.col("round1_right") / pl.col("n")
 
 
 # Every coordination variant's components, one entry each; a variant without an entry raises
@@ -166,13 +177,12 @@ def reward_expr(variant: RewardVariant, weights: RewardWeights) -> pl.Expr:
 
     Returns:
         A float expression named ``reward``, rounded to ``REWARD_DECIMALS`` places: the signed,
-        weighted sum of :func:`component_exprs`, or for ``control`` the share of decisions
-        that reach for the right fork (the weights unused). The table needs the columns of
-        :func:`component_exprs`, or for ``control`` the ``calls_<tool>`` columns and
-        ``decisions``.
+        weighted sum of :func:`component_exprs`, or for ``control`` the share of seats whose
+        round-1 decision reaches for the right fork (the weights unused). The table needs the
+        columns of :func:`component_exprs`, or for ``control`` ``round1_right`` and ``n``.
     """
     if variant == RewardVariant.CONTROL:
-        reward = _right_fork_share()
+        reward = _round1_right_share()
     else:
         reward = reduce(
             operator.add,

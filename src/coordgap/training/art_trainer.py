@@ -276,6 +276,12 @@ class ArtTrainer:
         """Nothing: vLLM samples free text, and its six-way choice has no score to read."""
         return {}
 
+    def first_round_right(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """Nothing, as ``probe``: the history's ``r1_exact`` columns stay null."""
+        return {}
+
     def save(self, folder: Path) -> None:
         """Copy ART's checkpoint of the current step (its PEFT adapter) into ``folder``."""
         source = self._checkpoints / f"{self._step:04d}"

@@ -60,6 +60,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoTokenizer, DynamicCache
 
 from coordgap import preemption
+from coordgap.env.protocols import RIGHT_REACHES
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.local import (
     LocalChatModel,
@@ -105,7 +106,8 @@ class UpdateStats:
     """What one GRPO update did.
 
     Attributes:
-        groups: Groups given.
+        groups: Groups given: every group the step played (one whose rewards are all equal
+            is given without trajectories, ``coordgap.training.trajectories``).
         groups_trainable: Groups with at least one trajectory left after ART dropped the
             zero-advantage ones.
         trajectories: Trajectories trained on.
@@ -245,7 +247,7 @@ class TorchGRPOTrainer:
         if run.epsilon_high is not None:
             self._loss_config["epsilon_high"] = run.epsilon_high
         self._train_config = art.TrainConfig(learning_rate=run.learning_rate)
-        # The untrained policy's choice log-probs on each probe set (it never changes).
+        # The untrained policy's choice log-probs on each set of prompts (it never changes).
         self._probe_base: dict[str, torch.Tensor] = {}
 
     def start(self) -> None:
@@ -746,17 +748,52 @@ class TorchGRPOTrainer:
             f"probe_{tool}": share for tool, share in zip(tools, shares, strict=True)
         }
 
+    def first_round_right(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """The positive control's expected reward, exactly, now and before training.
+
+        The ``control`` reward is the share of seats whose round-1 decision reaches for the
+        right fork, and round 1's prompts do not depend on the policy
+        (``coordgap.training.probe.first_round_conversations``), so its expectation is the mean
+        over the seats of mu(right | the seat's prompt). Scored as the rollouts draw their
+        decisions: constrained, at the run's temperature, in the model's own dtype (the policy
+        as it acts), with the current adapter and with none (the untrained model, computed
+        once per set of prompts).
+
+        Args:
+            conversations: Every seat's round-1 conversation.
+            tools: The tools offered; one of them reaches right (``RIGHT_REACHES``).
+
+        Returns:
+            ``r1_exact`` under the current adapter and ``r1_exact_base`` under none.
+        """
+        (right,) = (i for i, tool in enumerate(tools) if tool in RIGHT_REACHES)
+        current = self.choice_log_probs(conversations, tools)
+        base = self._base_log_probs(conversations, tools)
+        return {
+            "r1_exact": current[:, right].exp().mean().item(),
+            "r1_exact_base": base[:, right].exp().mean().item(),
+        }
+
     def _probe_kl(
         self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
     ) -> _Probe:
         """The current policy's log mu on the probes and its mean KL from mu_0 (same dtype)."""
         current = self.choice_log_probs(conversations, tools)
+        base = self._base_log_probs(conversations, tools)
+        kl = (current.exp() * (current - base)).sum(dim=-1)
+        return _Probe(current, kl.mean().item())
+
+    def _base_log_probs(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> torch.Tensor:
+        """The untrained policy's log mu on ``conversations`` in the current dtype, scored once."""
         key = repr((matmul_dtype(self.model), conversations, tools))
         if key not in self._probe_base:
             with self.model.disable_adapter():
                 self._probe_base[key] = self.choice_log_probs(conversations, tools)
-        kl = (current.exp() * (current - self._probe_base[key])).sum(dim=-1)
-        return _Probe(current, kl.mean().item())
+        return self._probe_base[key]
 
     def choice_log_probs(
         self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]

@@ -56,6 +56,13 @@ HISTORY_SCHEMA: dict[str, pl.DataType] = {
     "probe_kl": pl.Float64(),
     "probe_kl_acting": pl.Float64(),
     **{f"probe_{tool.value}": pl.Float64() for tool in Tool},
+    # The positive control's reward (coordgap.env.variants), its expectation computed exactly
+    # after the update: the mean over the step's N seats of mu(right | the seat's round-1
+    # prompt), in the model's dtype (the policy as it acts), and the same for the untrained
+    # model (null where the trainer cannot score, and under sequential turns, whose round-1
+    # prompts depend on the policy: coordgap.training.probe).
+    "r1_exact": pl.Float64(),
+    "r1_exact_base": pl.Float64(),
     "seconds_rollout": pl.Float64(),
     "seconds_update": pl.Float64(),
     "seconds": pl.Float64(),

@@ -53,7 +53,11 @@ from coordgap.policies.adapters import prompted_policies
 from coordgap.preemption import preemptible
 from coordgap.resume import ResumeFolder, replace_path, share_as_umask, write_text_atomic
 from coordgap.training.history import HISTORY_SCHEMA, rollout_rewards
-from coordgap.training.probe import probe_conversations, rollout_choices
+from coordgap.training.probe import (
+    first_round_conversations,
+    probe_conversations,
+    rollout_choices,
+)
 from coordgap.training.trajectories import trajectory_groups
 
 if TYPE_CHECKING:
@@ -90,6 +94,12 @@ class StepTrainer(Protocol):
         self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
     ) -> dict[str, float]:
         """The current policy on the probe set (``probe_*`` columns; empty if it can't)."""
+        ...
+
+    def first_round_right(
+        self, conversations: Sequence[list[dict[str, str]]], tools: Sequence[Tool]
+    ) -> dict[str, float]:
+        """The control reward's exact expectation (``r1_exact*`` columns; empty if it can't)."""
         ...
 
     def save(self, folder: Path) -> None:
@@ -345,6 +355,7 @@ def train(
             stats = trainer.update(
                 trajectory_groups(tables["episodes"], tables["transcripts"], run)
             )
+            first_round = first_round_conversations(env, templates, run.n_at(step))
             row = {
                 "run": run.name,
                 "step": step,
@@ -353,6 +364,7 @@ def train(
                 **{k: v for k, v in dataclasses.asdict(stats).items() if k != "seconds"},
                 **rollout_choices(tables["episodes"], tables["transcripts"]),
                 **trainer.probe(probes, tools),
+                **({} if first_round is None else trainer.first_round_right(first_round, tools)),
                 "seconds_rollout": rolled - begin,
                 "seconds_update": stats.seconds,
                 "seconds": time.perf_counter() - begin,

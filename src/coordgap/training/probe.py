@@ -1,10 +1,15 @@
-"""What an update did to the policy: a fixed probe set, and the rollouts' own choices.
+"""What an update did to the policy: a fixed probe set, round 1's prompts, the rollouts' choices.
 
 The probe set is one seat's observation at round 1, before any meal, in every situation its
 forks can be in (holding neither, the left, the right or both; each fork it does not hold free
 or taken): nine prompts that cover every decision the table asks for. Scoring them after each
 update under the current adapter and the untrained one gives KL(mu_step || mu_0), a measure of
 how far training has moved the six-way policy that is free of the rollouts' sampling noise.
+
+Round 1's prompts are every seat's first observation of a table, as play makes them. Under
+simultaneous turns they are the same whatever the policy, so the positive control's reward
+(``coordgap.env.variants``: the share of seats whose round-1 decision reaches right) has the
+exact expectation mean_i mu(right | seat i's round-1 prompt), which N forward passes compute.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.data import CALL_COLUMNS
+from coordgap.data import CALL_COLUMNS, table_generator
 from coordgap.env.observation import Observation
 from coordgap.env.protocols import Tool
+from coordgap.env.table import Table, TurnOrder
+from coordgap.episodes import EpisodeRecorder
 
 if TYPE_CHECKING:
     from coordgap.config.play import EnvironmentConfig
@@ -55,6 +62,33 @@ def probe_conversations(
         if (left_free or not holds_left) and (right_free or not holds_right)
     ]
     return [templates.messages(obs) for obs in observations]
+
+
+def first_round_conversations(
+    env: EnvironmentConfig, templates: PromptTemplates, n: int
+) -> list[list[dict[str, str]]] | None:
+    """Every seat's round-1 conversation at an ``n``-seat table, or None under sequential turns.
+
+    They come from the episode recorder's own observations of a new table, as play makes them
+    (no fork held, every fork free, no meal, no history). Under simultaneous turns every seat
+    decides round 1 from that state; under sequential turns a later mover sees the forks the
+    earlier ones took, so its prompt depends on the policy and the round has no such set.
+
+    Args:
+        env: The table rules (protocol, turn order, rounds).
+        templates: The prompt templates.
+        n: Philosophers at the table.
+
+    Returns:
+        ``n`` conversations, seat 0 first, as a language-model philosopher is sent them.
+    """
+    if env.turn_order is not TurnOrder.SIMULTANEOUS:
+        return None
+    # The table's generator decides contested forks and sequential orders only: nothing before
+    # the first decision draws from it.
+    recorder = EpisodeRecorder(env, Table(n, env.protocol, env.tie_break, table_generator(0)))
+    recorder.start_round()
+    return [templates.messages(recorder.observe(seat)) for seat in range(n)]
 
 
 def rollout_choices(episodes: pl.DataFrame, transcripts: pl.DataFrame) -> dict[str, Any]:

@@ -28,11 +28,11 @@ import polars as pl
 from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 
-from coordgap.env.variants import reward_expr
+from coordgap.env.variants import REWARD_TOLERANCE, reward_expr
 from coordgap.training._art import art
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from coordgap.config.training import TrainingRunConfig
 
@@ -156,22 +156,36 @@ def episode_rewards(episodes: pl.DataFrame, run: TrainingRunConfig) -> dict[int,
 
 
 def trajectory_groups(
-    episodes: pl.DataFrame, transcripts: pl.DataFrame, run: TrainingRunConfig
+    episodes: pl.DataFrame,
+    transcripts: pl.DataFrame,
+    run: TrainingRunConfig,
+    rewards: Mapping[int, float] | None = None,
 ) -> list[art.TrajectoryGroup]:
-    """The GRPO groups of one step's rollouts.
+    """The GRPO groups of one step's rollouts, with no trajectory where the rewards are equal.
 
     Episode ``e`` belongs to group ``e // episodes_per_group`` (one scenario per group), which
     holds every philosopher of its episodes. Episodes that ended in an error are left out.
+
+    A group whose rewards are all equal (their spread below ``REWARD_TOLERANCE``) keeps no
+    trajectory. ART 0.5.18 drops a trajectory only when its advantage is exactly 0, and the
+    mean of equal rewards is rounded: (0.2, 0.2, 0.2) has the mean 0.20000000000000004, so
+    each trajectory would get an advantage of -2.8e-11 after ART's scaling, and each of
+    its rows a full-size AdamW step in the direction of that rounding noise. The group itself
+    stays, empty, so that both trainers' ``groups`` counts the groups the step played and
+    ``groups_trainable`` those with a trajectory left (ART's tokenizer skips an empty group).
 
     Args:
         episodes: The step's episode table.
         transcripts: The step's transcript table.
         run: The training run.
+        rewards: Each episode's reward; None for the run's trained variant
+            (``episode_rewards``). Benchmarks give their own, to train every trajectory.
 
     Returns:
-        The groups, in group order; ART drops those whose rewards are all equal.
+        The groups, in group order.
     """
-    rewards = episode_rewards(episodes, run)
+    if rewards is None:
+        rewards = episode_rewards(episodes, run)
     groups: dict[int, list[art.Trajectory]] = {}
     calls = transcripts.sort("episode", "philosopher", "round")
     for (episode, seat), rows in calls.group_by(["episode", "philosopher"], maintain_order=True):
@@ -182,4 +196,10 @@ def trajectory_groups(
         groups.setdefault(group, []).append(
             philosopher_trajectory(rows.to_dicts(), rewards[episode], metadata, run.temperature)
         )
-    return [art.TrajectoryGroup(groups[key]) for key in sorted(groups)]
+    return [art.TrajectoryGroup(_unless_equal(groups[key])) for key in sorted(groups)]
+
+
+def _unless_equal(trajectories: list[art.Trajectory]) -> list[art.Trajectory]:
+    """The trajectories of a group, or none when their rewards are equal (``REWARD_TOLERANCE``)."""
+    rewards = [trajectory.reward for trajectory in trajectories]
+    return trajectories if max(rewards) - min(rewards) >= REWARD_TOLERANCE else []
