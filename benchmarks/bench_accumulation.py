@@ -41,7 +41,6 @@ from common import (
 
 from coordgap.models.prepare import prepare_model
 from coordgap.training.grpo import TorchGRPOTrainer
-from coordgap.training.trajectories import trajectory_groups
 
 REPEATS = 2
 TARGET_SPEEDUP = 2.0
@@ -57,8 +56,7 @@ def compare() -> dict[str, Any]:
     for _ in range(REPEATS):
         for loop, rows in LOOPS.items():
             trainer = TorchGRPOTrainer(MODEL_DIR, bench_run(grad_accumulation_sequences=rows), BASE)
-            groups = trajectory_groups(tables["episodes"], tables["transcripts"], run)
-            all_trainable(groups)
+            groups = all_trainable(tables["episodes"], tables["transcripts"], run)
             random.seed(0)
             stats = trainer.update(groups)
             timings[loop].append(
