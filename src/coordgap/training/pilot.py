@@ -9,8 +9,8 @@ the recipe's: a run's rollouts and the order of its update's rows derive from (s
 step), so every candidate plays the same step-0 rollouts from the same untrained adapter and
 the candidates differ by their update alone. Its outputs, in ``coordgap.training.loop``'s
 layout, go to ``<root>/pilot-<arm>-lr<rate>-rows<rows>-clip<clip>/``; a killed pilot resumes
-the candidate it was training and keeps those it had finished (README.md: Choosing the update:
-the pilot).
+the candidate it was training and keeps those it had finished
+(README.md: Choosing the update: the pilot).
 """
 
 from __future__ import annotations
