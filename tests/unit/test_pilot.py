@@ -6,6 +6,7 @@ The pilot's real run through Snakemake is ``tests/integration/test_pilot_workflo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import polars as pl
@@ -102,7 +103,7 @@ def test_the_candidates_are_every_rate_row_count_and_clip() -> None:
     ]
     recipe = TrainingRunConfig.from_dict("control-s1", STUDY["training"]["runs"]["control-s1"])
     # ART's warm-up stays with its one-row loop only (the config refuses it beside more rows).
-    assert recipe.warmup
+    recipe = dataclasses.replace(recipe, warmup=True)
     assert [run.warmup for _, run in pilot_runs(pilot, recipe).values()] == [True] * 4 + [False] * 4
 
 
@@ -138,7 +139,12 @@ def test_a_bad_pilot_is_named_before_anything_runs(pilot, error, message) -> Non
 
 def test_the_pilot_needs_trainer_torch_and_training_scenarios_of_its_own() -> None:
     config = copy.deepcopy(STUDY)
-    config["training"]["runs"]["control-s1"]["trainer"] = "art"
+    # As ART's LocalBackend runs: its warm-up, one row per optimizer step.
+    config["training"]["runs"]["control-s1"] |= {
+        "trainer": "art",
+        "warmup": True,
+        "grad_accumulation_sequences": 1,
+    }
     with pytest.raises(ConfigError, match=r"'pilot\.arm': its run 'control-s1' uses trainer art"):
         check_cross_keys(config)
     # Its steps play training scenarios: the training range covers them, so that they never

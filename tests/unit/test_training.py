@@ -510,7 +510,8 @@ def test_the_warm_up_is_arts_step_at_learning_rate_1e_9(
     random.seed(0)
     stats = fresh.update(groups)
     assert calls[0] == (0, True)
-    assert [warmup for _, warmup in calls[1:]] == [False] * stats.rows
+    # Then every row twice: the pass that measures ascent_cosine, and the update's steps.
+    assert [warmup for _, warmup in calls[1:]] == [False] * 2 * stats.rows
     assert rates == [1e-9] + [run.learning_rate] * stats.rows
     calls.clear()
     random.seed(1)

@@ -50,7 +50,7 @@ import logging
 import math
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -461,14 +461,15 @@ class TorchGRPOTrainer:
         # All rows in one step: that step's gradient is the policy-gradient estimate itself.
         one_step = self.run.grad_accumulation_sequences is None
         before = [parameter.detach().clone() for parameter in self._parameters]
+        if self._warmup_pending and rows.packed is not None:
+            self._warm_up(rows)
+        # After the warm-up, whose step at learning rate 1e-9 leaves the weights as they were.
         ascent = None
         measuring = time.perf_counter()
         if rows.packed is not None and not one_step:
             ascent = self._ascent(rows)
         # Left out of the update's time, which a one-row loop then reports as ART's costs.
         measured = time.perf_counter() - measuring
-        if self._warmup_pending and rows.packed is not None:
-            self._warm_up(rows)
         size = self.run.grad_accumulation_sequences or max(every_row, 1)
         for first in range(0, every_row, size):
             indices = range(first, min(first + size, every_row))
@@ -519,7 +520,8 @@ class TorchGRPOTrainer:
         """
         inputs = [self.row(rows.packed, index) for index in range(len(rows.choices))]
         positions = sum(int(row["assistant_mask"].sum()) for row in inputs)
-        self.accumulate(inputs, rows.choices, 1 / positions)
+        # Eagerly: a measurement, which must not add compiled graphs to the update's.
+        self.accumulate(inputs, rows.choices, 1 / positions, compiled=False)
         gradient = _flat([parameter.grad for parameter in self._parameters])
         self.optimizer.zero_grad(set_to_none=True)
         return -gradient
@@ -587,7 +589,11 @@ class TorchGRPOTrainer:
         return done, self._optimizer_step(), gradient
 
     def accumulate(
-        self, inputs: Sequence[TrainInputs], choices: Sequence[Choice], scale: float
+        self,
+        inputs: Sequence[TrainInputs],
+        choices: Sequence[Choice],
+        scale: float,
+        compiled: bool = True,
     ) -> _Accumulated:
         """Add ``scale`` times the gradient of the rows' summed losses to the adapter's gradients.
 
@@ -603,6 +609,8 @@ class TorchGRPOTrainer:
             inputs: The rows (``row``).
             choices: Their choices (``StepRows.choices``).
             scale: The factor of every row's loss.
+            compiled: Run the layers compiled where ``compile_update`` asks for it; False
+                runs them eagerly.
 
         Returns:
             The rows' losses and importance-ratio gaps, in row order, and the tokens run.
@@ -611,7 +619,8 @@ class TorchGRPOTrainer:
         gaps: list[torch.Tensor] = [torch.empty(0)] * len(choices)
         tokens = 0
         decisions = [i for i, choice in enumerate(choices) if isinstance(choice, DecisionChoice)]
-        with _attention(self.model, "eager"), self._compiled.active():
+        layers = self._compiled.active() if compiled else nullcontext()
+        with _attention(self.model, "eager"), layers:
             for i in sorted(set(range(len(choices))) - set(decisions)):
                 new, ran = self.log_probs(inputs[i], choices[i])
                 loss = self._loss(inputs[i], new)
