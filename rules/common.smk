@@ -1,7 +1,6 @@
 # Helpers of the workflow: validation, constants, wildcard constraints, target and input
 # functions, resource presets. Every other .smk file holds rules only.
 
-import math
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -16,6 +15,7 @@ from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import check_schema
 from coordgap.config.play import ModelSpec, cell_episodes
 from coordgap.config.training import (
+    PilotConfig,
     arms,
     checkpoint_families,
     compared_arms,
@@ -311,10 +311,8 @@ def pilot_entry(wildcards):
 
 
 def pilot_candidates(wildcards):
-    """How many candidate updates the pilot trains: every rate, row count and clip together."""
-    pilot = pilot_section(config)
-    keys = ("learning_rates", "grad_accumulation_sequences", "max_grad_norms")
-    return math.prod(len(pilot[key]) for key in keys)
+    """How many candidate updates the pilot trains."""
+    return len(PilotConfig.from_dict(pilot_section(config)).updates())
 
 
 def pilot_recipe_run(wildcards):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -178,6 +179,15 @@ class PilotConfig:
     max_ratio_log: float
     max_probe_kl_per_step: float
 
+    def updates(self) -> list[tuple[float, int | None, float]]:
+        """Every candidate update as (rate, rows per step, clip): rows, then clip, then rate."""
+        return [
+            (rate, rows, clip)
+            for rows, clip, rate in itertools.product(
+                self.grad_accumulation_sequences, self.max_grad_norms, self.learning_rates
+            )
+        ]
+
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> PilotConfig:
         """Build from the validated ``pilot`` section."""
@@ -197,6 +207,11 @@ class PilotConfig:
 def rows_per_step(value: int | str) -> int | None:
     """A ``grad_accumulation_sequences`` value as the trainer takes it: None for ``all``."""
     return None if value == ALL_ROWS else int(value)
+
+
+def rows_label(rows: int | None) -> str:
+    """Rows per optimizer step as the config writes them (``1``, ``8``, ``all``)."""
+    return ALL_ROWS if rows is None else str(rows)
 
 
 PILOT = "pilot"

@@ -621,7 +621,7 @@ class TorchGRPOTrainer:
         decisions = [i for i, choice in enumerate(choices) if isinstance(choice, DecisionChoice)]
         layers = self._compiled.active() if compiled else nullcontext()
         with _attention(self.model, "eager"), layers:
-            for i in sorted(set(range(len(choices))) - set(decisions)):
+            for i in (i for i, choice in enumerate(choices) if i not in decisions):
                 new, ran = self.log_probs(inputs[i], choices[i])
                 loss = self._loss(inputs[i], new)
                 (loss.policy_loss_sum * scale).backward()

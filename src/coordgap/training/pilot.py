@@ -16,7 +16,6 @@ the candidate it was training and keeps those it had finished
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.config.training import ALL_ROWS
+from coordgap.config.training import rows_label, rows_per_step
 from coordgap.resume import write_text_atomic
 from coordgap.training.loop import RunOutputs, run_fingerprint, train_run
 
@@ -74,8 +73,7 @@ class Candidate:
     @property
     def rows(self) -> str:
         """Rows per optimizer step as the config writes them (``1``, ``8``, ``all``)."""
-        rows = self.grad_accumulation_sequences
-        return ALL_ROWS if rows is None else str(rows)
+        return rows_label(self.grad_accumulation_sequences)
 
     def of(self, recipe: TrainingRunConfig, steps: int) -> TrainingRunConfig:
         """The recipe trained with this update for ``steps`` steps (see the module docstring)."""
@@ -103,13 +101,8 @@ class PilotChoice:
 
 
 def candidates(pilot: PilotConfig) -> list[Candidate]:
-    """Every candidate update: rows per step, then clip, then ascending rate, as configured."""
-    return [
-        Candidate(rate, rows, clip)
-        for rows, clip, rate in itertools.product(
-            pilot.grad_accumulation_sequences, pilot.max_grad_norms, pilot.learning_rates
-        )
-    ]
+    """Every candidate update, in ``PilotConfig.updates`` order."""
+    return [Candidate(*update) for update in pilot.updates()]
 
 
 def pilot_run_folder(arm: str, update: Candidate) -> str:
@@ -270,10 +263,9 @@ def apply_rule(table: pl.DataFrame, pilot: PilotConfig) -> tuple[pl.DataFrame, P
     chosen = (passing if passing.height else last).row(
         int(passing["r1_exact"].arg_max()) if passing.height else 0, named=True
     )
-    rows = chosen["grad_accumulation_sequences"]
     update = Candidate(
         chosen["learning_rate"],
-        None if rows == ALL_ROWS else int(rows),
+        rows_per_step(chosen["grad_accumulation_sequences"]),
         chosen["max_grad_norm"],
     )
     return judged, PilotChoice(update, passed=passing.height > 0)
@@ -293,7 +285,8 @@ def choice_record(choice: PilotChoice, pilot: PilotConfig, recipe: str) -> dict[
         "pilot": dataclasses.asdict(pilot)
         | {
             "grad_accumulation_sequences": [
-                ALL_ROWS if rows is None else rows for rows in pilot.grad_accumulation_sequences
+                rows if rows is not None else rows_label(rows)
+                for rows in pilot.grad_accumulation_sequences
             ]
         },
     }
