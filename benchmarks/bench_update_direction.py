@@ -22,7 +22,7 @@ negative advantage, and how many of each chose the right fork. Everything runs i
 Snakemake job (``benchmarks/workflow``, rule ``direction``), in the study's bf16.
 
 Usage: ``python benchmarks/bench_update_direction.py``. Writes
-``benchmarks/results/update_direction.json``. Takes about 40 minutes on 2 cores.
+``benchmarks/results/update_direction.json``. Takes about an hour on 2 cores.
 """
 
 from __future__ import annotations
@@ -56,13 +56,19 @@ STUDY_ENV = EnvironmentConfig.from_dict(STUDY["environment"])
 SEEDS = ("control-s1", "control-s2", "control-s3")
 STUDY_RATE = 2e-5
 # (rows per optimizer step, clip, learning rate): ART's one-row loop at the study's former rate
-# with ART's clip and with none, and one step of all rows at the rate the pilot chose. What 2
-# cores hold in about 40 minutes: a one-row update of the step's ~110 rows takes about 5
-# minutes, an accumulated one about 1 (README, "GRPO training", says what is left out).
+# under ART's clip, a ten times looser one and none; one step of all rows at each rate the
+# pilot considers (``config/study_cpu.yaml``, ``pilot``), and at the chosen rate without a clip
+# (from fresh Adam moments one step moves each weight by about lr * sign(g), whatever the clip
+# scaled g by, so the clip should not matter there). A one-row update of the step's ~110 rows
+# takes about 4 minutes on 2 cores with its cosine's extra pass, an accumulated one about 1.
 GRID = [
     ("1", 0.1, STUDY_RATE),
+    ("1", 1.0, STUDY_RATE),
     ("1", math.inf, STUDY_RATE),
+    ("all", 0.1, 2e-5),
     ("all", 0.1, 1e-4),
+    ("all", 0.1, 5e-4),
+    ("all", math.inf, 1e-4),
 ]
 
 
