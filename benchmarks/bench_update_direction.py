@@ -22,7 +22,7 @@ negative advantage, and how many of each chose the right fork. Everything runs i
 Snakemake job (``benchmarks/workflow``, rule ``direction``), in the study's bf16.
 
 Usage: ``python benchmarks/bench_update_direction.py``. Writes
-``benchmarks/results/update_direction.json``. Takes about an hour on 2 cores.
+``benchmarks/results/update_direction.json``. Takes about 75 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ STUDY_RATE = 2e-5
 # pilot considers (``config/study_cpu.yaml``, ``pilot``), and at the chosen rate without a clip
 # (from fresh Adam moments one step moves each weight by about lr * sign(g), whatever the clip
 # scaled g by, so the clip should not matter there). A one-row update of the step's ~110 rows
-# takes about 4 minutes on 2 cores with its cosine's extra pass, an accumulated one about 1.
+# takes 3 to 6 minutes on 2 cores with its cosine's extra pass, an accumulated one 1 to 2.
 GRID = [
     ("1", 0.1, STUDY_RATE),
     ("1", 1.0, STUDY_RATE),

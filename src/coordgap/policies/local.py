@@ -17,9 +17,11 @@ each records for training is in ``coordgap.policies.base.Transcript``.
 Every request's system turn (the seat-independent system prompt and the tool descriptions) is
 the same for a whole table, so its keys and values are computed once, alone and unpadded, and
 kept. A forward pass then runs, per request, one row: the request's own prompt tokens after
-that prefix, followed by every candidate continuation side by side. A block-diagonal attention
-mask lets each candidate see the prefix, its request's prompt and itself only, so all
-candidates of all requests are scored in one pass without copying any cache per candidate.
+that prefix and the tokens every candidate call begins with, followed by the rest of the
+candidates as a tree of blocks (``candidate_tree``: a token two candidates share at the same
+place runs once, so ``pick_up_`` serves both forks). The attention mask lets each block see the
+prefix, its request's prompt, its ancestor blocks and itself only, so all candidates of all
+requests are scored in one pass without copying any cache per candidate.
 
 Numerics (``dtype``): the output layer always runs in float32, because bf16 logits are rounded
 to about 0.1 at typical magnitudes. In ``bfloat16`` the recorded log-probs agree with a plain

@@ -17,7 +17,7 @@ one trainable position (``trajectories.DecisionChoice``) whose log-prob is
     log mu_theta(k) = S_k / T - logsumexp_j(S_j / T),
 
 computed by one forward pass over the prompt and every candidate (the sampler's
-block-diagonal packing, with gradients). ART's loss then works on the decision: the ratio is
+tree packing, with gradients). ART's loss then works on the decision: the ratio is
 mu_theta(k) / mu_old(k), and for CISPO the row's loss is -clip(ratio) * A * w * log mu_theta(k)
 (A the normalised advantage, w the normalised weight, which ART now spreads over a trajectory's
 decisions instead of its tokens). Training the raw token log-probs of the chosen call instead
