@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from bench_local import decide_in_groups, load
+from bench_local import decide_in_groups, load, tokens_run
 from common import (
     MODEL_DIR,
     SOURCE,
@@ -55,6 +55,8 @@ from coordgap.policies import local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from coordgap.policies.base import Decision
 
 SIZES = (5, 15)
 PATHS = ("previous", "tree")
@@ -84,7 +86,7 @@ def fresh_log_probs(self: local.LocalChatModel, hidden: torch.Tensor) -> torch.T
 @contextlib.contextmanager
 def previous_path(model: local.LocalChatModel) -> Iterator[None]:
     """Decide along the previous path while the context is open."""
-    mlps = [module for module in model.model.modules() if "forward" in vars(module)]
+    mlps = [module for module in model.model.modules() if local._is_silu_gated_mlp(module)]
     tree, log_probs = local.candidate_tree, local.LocalChatModel._log_probs
     local.candidate_tree = flat_tree
     local.LocalChatModel._log_probs = fresh_log_probs  # type: ignore[method-assign]
@@ -99,16 +101,13 @@ def previous_path(model: local.LocalChatModel) -> Iterator[None]:
             module.forward = types.MethodType(local._gated_mlp_forward, module)
 
 
-def tokens_per_decision(model: local.LocalChatModel, chats: list[Any]) -> float:
-    """Tokens a decision runs after the cached system turn, along the path in force."""
-    calls = [model._continuation(tool) for tool in TOOLS6]
-    total = 0
-    for chat in chats:
-        messages = local.with_tools(chat, TOOLS6)
-        prompt = model._prompt(messages)
-        row = local.candidate_row(prompt[len(model._prefix(messages, prompt)) :], calls)
-        total += len(row.stem) + sum(map(len, row.blocks))
-    return total / len(chats)
+def tokens_per_decision(
+    model: local.LocalChatModel, chats: list[Any], decided: list[Decision]
+) -> float:
+    """Tokens a decision of ``chats`` ran after the cached system turn, along the path in force."""
+    messages = local.with_tools(chats[0], TOOLS6)
+    prefix = model._prefix(messages, model._prompt(messages))
+    return tokens_run(model, decided, len(prefix)) / len(decided)
 
 
 def measure(rounds: int = ROUNDS) -> dict[str, Any]:
@@ -122,9 +121,9 @@ def measure(rounds: int = ROUNDS) -> dict[str, Any]:
             with previous_path(model) if path == "previous" else contextlib.nullcontext():
                 for n in SIZES:
                     start = time.perf_counter()
-                    asyncio.run(decide_in_groups(model, chats[n], n))
+                    decided = asyncio.run(decide_in_groups(model, chats[n], n))
                     seconds[path][n].append((time.perf_counter() - start) / n)
-                tokens[path] = tokens_per_decision(model, chats[max(SIZES)])
+                tokens[path] = tokens_per_decision(model, chats[n], decided)
     peak = matmul_peak(torch.bfloat16)
     parameters = linear_parameters(model.model)
     result: dict[str, Any] = {

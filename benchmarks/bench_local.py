@@ -57,7 +57,7 @@ from coordgap.env.observation import PromptTemplates
 from coordgap.models.prepare import prepare_model
 from coordgap.policies.base import BatchSlot
 from coordgap.policies.factory import open_policy_factory
-from coordgap.policies.local import LocalChatModel, shared_length
+from coordgap.policies.local import LocalChatModel, candidate_row
 
 if TYPE_CHECKING:
     from coordgap.policies.base import Decision
@@ -99,11 +99,13 @@ async def decide_in_groups(
 
 
 def tokens_run(model: LocalChatModel, decisions: list[Decision], prefix: int) -> int:
-    """Tokens the decisions ran: prompt after the prefix, shared start once, each candidate's."""
-    calls = [model._continuation(tool) for tool in TOOLS6]
-    shared = shared_length(calls)
-    # The end-of-turn token of each candidate is only predicted, never run.
-    per_decision = shared + sum(len(call) - shared - 1 for call in calls)
+    """Tokens the decisions ran: prompt after the prefix, then the candidates as packed.
+
+    ``candidate_row`` packs them: their shared start once, then their blocks; each one's
+    end-of-turn token is only predicted, never run.
+    """
+    row = candidate_row([], [model._continuation(tool) for tool in TOOLS6])
+    per_decision = len(row.stem) + sum(map(len, row.blocks))
     return sum(d.tokens_in - prefix + per_decision for d in decisions)
 
 

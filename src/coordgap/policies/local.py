@@ -201,10 +201,10 @@ def _gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     tensors of the MLP's width per layer (in a decision, their allocation and first writes
     cost about a tenth of the time on a 2-core CPU: benchmarks/README.md, "Decisions as a
     tree"). Where gradients are recorded, autograd keeps the activation's input, so the
-    layer runs as transformers wrote it.
+    layer runs its class's own forward.
     """
     if torch.is_grad_enabled():
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return type(self).forward(self, x)
     gate = F.silu(self.gate_proj(x), inplace=True)
     return self.down_proj(gate.mul_(self.up_proj(x)))
 

@@ -621,8 +621,10 @@ class TorchGRPOTrainer:
         decisions = [i for i, choice in enumerate(choices) if isinstance(choice, DecisionChoice)]
         layers = self._compiled.active() if compiled else nullcontext()
         with _attention(self.model, "eager"), layers:
-            for i in (i for i, choice in enumerate(choices) if i not in decisions):
-                new, ran = self.log_probs(inputs[i], choices[i])
+            for i, choice in enumerate(choices):
+                if isinstance(choice, DecisionChoice):
+                    continue
+                new, ran = self.log_probs(inputs[i], choice)
                 loss = self._loss(inputs[i], new)
                 (loss.policy_loss_sum * scale).backward()
                 losses[i], gaps[i] = loss.policy_loss.item(), _sampled_gaps(inputs[i], new)

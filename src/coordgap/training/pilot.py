@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from coordgap.config.training import rows_label, rows_per_step
+from coordgap.config.training import ALL_ROWS, rows_label, rows_per_step
 from coordgap.resume import write_text_atomic
 from coordgap.training.loop import RunOutputs, run_fingerprint, train_run
 
@@ -285,8 +285,7 @@ def choice_record(choice: PilotChoice, pilot: PilotConfig, recipe: str) -> dict[
         "pilot": dataclasses.asdict(pilot)
         | {
             "grad_accumulation_sequences": [
-                rows if rows is not None else rows_label(rows)
-                for rows in pilot.grad_accumulation_sequences
+                ALL_ROWS if rows is None else rows for rows in pilot.grad_accumulation_sequences
             ]
         },
     }
