@@ -10,7 +10,7 @@ from snakemake.utils import available_cpu_count
 from coordgap.analysis.catalog import STATISTICS_FIGURES, figure_catalog
 from coordgap.provenance import output_identity
 from coordgap.code import code_digest
-from coordgap.site import load_site
+from coordgap.site import has_gpu_devices, load_site
 from coordgap.config.checks import check_cross_keys
 from coordgap.config.keys import check_schema
 from coordgap.config.play import ModelSpec, cell_episodes
@@ -247,10 +247,11 @@ def model_gpu_memory_gb(wildcards):
 
 
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
-# at most the machine's). Snakemake sets the job's OMP/MKL thread variables to this, and torch
-# uses exactly that many. A cluster run has no --cores: such a job asks the scheduler for
-# CLUSTER_MODEL_THREADS CPUs (profiles/slurm's set-threads may change it per rule), and on its
-# node Snakemake runs it with the CPUs it was given (--cores all).
+# at most the machine's), or fewer where the model's `threads` says so (in_process_threads).
+# Snakemake sets the job's OMP/MKL thread variables to this, and torch uses exactly that many.
+# A cluster run has no --cores: such a job asks the scheduler for CLUSTER_MODEL_THREADS CPUs
+# (profiles/slurm's set-threads may change it per rule), and on its node Snakemake runs it
+# with the CPUs it was given (--cores all).
 CLUSTER_MODEL_THREADS = 4
 MODEL_THREADS = (
     CLUSTER_MODEL_THREADS
@@ -259,9 +260,48 @@ MODEL_THREADS = (
 )
 
 
+def in_process_threads(model):
+    """Threads of a job that runs ``model`` (a ModelSpec) in-process: its own, or MODEL_THREADS."""
+    return min(model.threads or MODEL_THREADS, MODEL_THREADS)
+
+
+# Whether this run's in-process models may run on a GPU: a cluster's nodes have them.
+MAY_USE_GPU = workflow.resource_settings.cores is None or has_gpu_devices()
+
+
+def gpu_slot(model):
+    """The profile's `gpu` slots a job that runs ``model`` (a ModelSpec) holds.
+
+    A served model's job: its server's GPUs. An in-process model's: one, so that its jobs run
+    one at a time, on a workstation's GPU or on every core of a CPU; none on a machine without
+    a GPU where the model's ``threads`` asks for fewer, so that --cores / threads of its jobs
+    run side by side (on 2 cores, two one-thread jobs did 1.6x the work of one two-thread job:
+    README, "The local model's numerics and threads").
+    """
+    if not model.in_process:
+        return model.gpus
+    return int(MAY_USE_GPU or model.threads is None)
+
+
 def model_threads(wildcards):
-    """Threads of a generation job: MODEL_THREADS for an in-process model, else one."""
-    return MODEL_THREADS if MODEL_SPECS[wildcards.model].in_process else 1
+    """Threads of a generation job: in_process_threads for an in-process model, else one."""
+    model = MODEL_SPECS[wildcards.model]
+    return in_process_threads(model) if model.in_process else 1
+
+
+def model_gpu_slot(wildcards):
+    """The `gpu` slots of a generation job."""
+    return gpu_slot(MODEL_SPECS[wildcards.model])
+
+
+def run_threads(wildcards):
+    """Threads of a job that trains or plays the run's checkpoints: its base model's."""
+    return in_process_threads(run_base_model(wildcards))
+
+
+def run_gpu_slot(wildcards):
+    """The `gpu` slots of a job that trains or plays the run's checkpoints."""
+    return gpu_slot(run_base_model(wildcards))
 
 
 def run_entry(wildcards):
@@ -328,6 +368,16 @@ def pilot_recipe_entry(wildcards):
 def pilot_base_model(wildcards):
     """The pilot's base model, as the class of its kind."""
     return MODEL_SPECS[pilot_recipe_entry(wildcards)["base_model"]]
+
+
+def pilot_threads(wildcards):
+    """Threads of the pilot's job: its base model's."""
+    return in_process_threads(pilot_base_model(wildcards))
+
+
+def pilot_gpu_slot(wildcards):
+    """The `gpu` slots of the pilot's job."""
+    return gpu_slot(pilot_base_model(wildcards))
 
 
 def pilot_weights(wildcards):

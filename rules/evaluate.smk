@@ -27,10 +27,10 @@ rule evaluate_checkpoints:
         "logs/evaluate_checkpoints/{run}.log",
     benchmark:
         "logs/evaluate_checkpoints/{run}.benchmark.tsv"
-    threads: MODEL_THREADS
+    threads: run_threads
     resources:
         **RESOURCES["medium"],
-        gpu=1,
+        gpu=run_gpu_slot,
         **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:
@@ -105,10 +105,10 @@ rule test_checkpoint:
         "logs/test_checkpoint/{run}@{policy}/n{size}.log",
     benchmark:
         "logs/test_checkpoint/{run}@{policy}/n{size}.benchmark.tsv"
-    threads: MODEL_THREADS
+    threads: run_threads
     resources:
         **RESOURCES["medium"],
-        gpu=1,
+        gpu=run_gpu_slot,
         **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:

@@ -166,6 +166,14 @@ class Site:
         return self.api_jobs is ApiJobs.SUBMIT_HOST
 
 
+def has_gpu_devices(dev: Path = Path("/dev")) -> bool:
+    """Whether this machine has a GPU torch could run on: NVIDIA's or ROCm's device nodes.
+
+    Read without importing torch, which would add a second to every Snakemake command.
+    """
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
+
+
 def site_file() -> Path:
     """The site file's path: ``$COORDGAP_SITE``, else ``~/.config/coordgap/site.yaml``."""
     return Path(os.environ.get(SITE_ENV) or DEFAULT_SITE_FILE).expanduser()

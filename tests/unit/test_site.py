@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coordgap.site import SITE_ENV, ApiJobs, GpuCard, SiteError, SlurmSite, load_site, site_file
+from coordgap.site import (
+    SITE_ENV,
+    ApiJobs,
+    GpuCard,
+    SiteError,
+    SlurmSite,
+    has_gpu_devices,
+    load_site,
+    site_file,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -97,3 +106,17 @@ def test_scratch_expands_variables_and_home(monkeypatch, tmp_path):
     monkeypatch.setenv("COORDGAP_TEST_USER", "ada")
     site = load_site(_write(tmp_path, {"scratch": "~/scratch/$COORDGAP_TEST_USER"}))
     assert site.scratch == tmp_path / "scratch" / "ada"
+
+
+def test_a_gpu_is_found_by_its_device_nodes_alone(tmp_path):
+    # The driver's control nodes exist without a card; a card's node or ROCm's is a GPU.
+    (tmp_path / "nvidiactl").touch()
+    (tmp_path / "nvidia-uvm").touch()
+    assert not has_gpu_devices(tmp_path)
+    (tmp_path / "nvidia0").touch()
+    assert has_gpu_devices(tmp_path)
+    rocm = tmp_path / "rocm"
+    rocm.mkdir()
+    assert not has_gpu_devices(rocm)
+    (rocm / "kfd").touch()
+    assert has_gpu_devices(rocm)

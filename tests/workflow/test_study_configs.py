@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 import yaml
+from snakemake.utils import available_cpu_count
 
 from coordgap.config.overlays import BASE, REPLACE, resolve
 from coordgap.plan import RULES
+from coordgap.site import has_gpu_devices
 from tests.conftest import ROOT, copy_workflow, plan_lines, planned, run
 
 pytestmark = pytest.mark.workflow
@@ -20,6 +23,9 @@ STUDIES = sorted(
     for path in [*(ROOT / "config").glob("*.yaml"), *(ROOT / "config" / "examples").glob("*.yaml")]
     if path.name != "paper_reference.yaml"
 )
+# The rules that run SmolLM2 in-process, and the job's threads Snakemake prints (none at 1).
+MODEL_RULES = {"generate_episodes", "train_grpo", "evaluate_checkpoints", "test_checkpoint"}
+JOB = re.compile(r"^rule (\w+):$(.*?)^\s*resources: (.*?)$", re.MULTILINE | re.DOTALL)
 # The studies that are overlays; the others write every key out.
 OVERLAYS = [
     name for name in STUDIES if BASE in yaml.safe_load((ROOT / "config" / name).read_text())
@@ -97,3 +103,33 @@ def test_snakemake_and_plan_resolve_several_overlays_alike(tmp_path):
         result = run(project, *command, "--configfile", "broken.yaml", check=False)
         assert result.returncode != 0
         assert "broken.yaml: config key 'base': no such file" in result.stdout + result.stderr
+
+
+def _model_jobs(log: str) -> set[tuple[str, str]]:
+    """(threads, gpu slots) of every job of a dry run that runs SmolLM2 in-process."""
+    jobs = set()
+    for rule, body, resources in JOB.findall(log):
+        if rule not in MODEL_RULES or (
+            rule == "generate_episodes" and "model=smollm2-135m" not in body
+        ):
+            continue
+        threads = re.search(r"^\s*threads: (\d+)$", body, re.MULTILINE)
+        gpu = re.search(r"\bgpu=(\d+)", resources)
+        jobs.add((threads.group(1) if threads else "1", gpu.group(1) if gpu else "0"))
+    return jobs
+
+
+@pytest.mark.skipif(has_gpu_devices(), reason="on a GPU machine each in-process job holds the slot")
+def test_one_thread_jobs_of_a_model_run_side_by_side_on_a_machine_without_a_gpu(tmp_path):
+    """The CPU study's ``threads: 1``: each SmolLM2 job takes 1 of --cores 2 and no `gpu` slot.
+
+    So Snakemake runs two at once. The default (``threads: null``) keeps every core for each
+    such job and the profile's one `gpu` slot: one at a time.
+    """
+    project = copy_workflow(tmp_path / "project")
+    cores = ("snakemake", "-n", "--cores", "2")
+    study = run(project, *cores, "--configfile", "config/study_cpu.yaml")
+    assert _model_jobs(study.stdout + study.stderr) == {("1", "0")}
+    default = run(project, *cores)
+    every_core = str(min(2, available_cpu_count()))
+    assert _model_jobs(default.stdout + default.stderr) == {(every_core, "1")}

@@ -97,6 +97,11 @@ class ModelSpec:
         return False
 
     @property
+    def threads(self) -> int | None:
+        """Threads of a job that runs it in-process, or None for all the job may use."""
+        return None
+
+    @property
     def weights_source_key(self) -> str | None:
         """The config key of its prepared weights' source, or None for a model without."""
         return None
@@ -185,6 +190,11 @@ class LocalModel(_LanguageModel):
     def gpus(self) -> int:
         """One: the job runs the model, on a GPU where there is one."""
         return 1
+
+    @property
+    def threads(self) -> int | None:
+        """The entry's ``threads``."""
+        return self.entry["threads"]
 
     @property
     def weights_source_key(self) -> str:
