@@ -294,14 +294,14 @@ def model_gpu_slot(wildcards):
     return gpu_slot(MODEL_SPECS[wildcards.model])
 
 
-def run_threads(wildcards):
-    """Threads of a job that trains or plays the run's checkpoints: its base model's."""
-    return in_process_threads(run_base_model(wildcards))
+def threads_of(model_of):
+    """A rule's `threads` for a job that runs the model ``model_of(wildcards)`` in-process."""
+    return lambda wildcards: in_process_threads(model_of(wildcards))
 
 
-def run_gpu_slot(wildcards):
-    """The `gpu` slots of a job that trains or plays the run's checkpoints."""
-    return gpu_slot(run_base_model(wildcards))
+def gpu_slot_of(model_of):
+    """A rule's `gpu` resource for a job that runs the model ``model_of(wildcards)``."""
+    return lambda wildcards: gpu_slot(model_of(wildcards))
 
 
 def run_entry(wildcards):
@@ -368,16 +368,6 @@ def pilot_recipe_entry(wildcards):
 def pilot_base_model(wildcards):
     """The pilot's base model, as the class of its kind."""
     return MODEL_SPECS[pilot_recipe_entry(wildcards)["base_model"]]
-
-
-def pilot_threads(wildcards):
-    """Threads of the pilot's job: its base model's."""
-    return in_process_threads(pilot_base_model(wildcards))
-
-
-def pilot_gpu_slot(wildcards):
-    """The `gpu` slots of the pilot's job."""
-    return gpu_slot(pilot_base_model(wildcards))
 
 
 def pilot_weights(wildcards):

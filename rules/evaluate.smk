@@ -27,10 +27,10 @@ rule evaluate_checkpoints:
         "logs/evaluate_checkpoints/{run}.log",
     benchmark:
         "logs/evaluate_checkpoints/{run}.benchmark.tsv"
-    threads: run_threads
+    threads: threads_of(run_base_model)
     resources:
         **RESOURCES["medium"],
-        gpu=run_gpu_slot,
+        gpu=gpu_slot_of(run_base_model),
         **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:
@@ -105,10 +105,10 @@ rule test_checkpoint:
         "logs/test_checkpoint/{run}@{policy}/n{size}.log",
     benchmark:
         "logs/test_checkpoint/{run}@{policy}/n{size}.benchmark.tsv"
-    threads: run_threads
+    threads: threads_of(run_base_model)
     resources:
         **RESOURCES["medium"],
-        gpu=run_gpu_slot,
+        gpu=gpu_slot_of(run_base_model),
         **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
         serve_host="loopback",
     conda:

@@ -25,11 +25,11 @@ rule train_grpo:
         "logs/train_grpo/{run}.log",
     benchmark:
         "logs/train_grpo/{run}.benchmark.tsv"
-    threads: run_threads
+    threads: threads_of(run_base_model)
     resources:
         mem_mb=lambda wildcards, attempt: 8000 * attempt,
         runtime=lambda wildcards, attempt: 240 * attempt,
-        gpu=run_gpu_slot,
+        gpu=gpu_slot_of(run_base_model),
         **site_resources(gpus=1, gpu_memory_gb=run_gpu_memory_gb),
     conda:
         trainer_env
@@ -78,13 +78,13 @@ rule pilot:
         "logs/pilot/pilot.log",
     benchmark:
         "logs/pilot/pilot.benchmark.tsv"
-    threads: pilot_threads
+    threads: threads_of(pilot_base_model)
     resources:
         mem_mb=lambda wildcards, attempt: 8000 * attempt,
         runtime=lambda wildcards, attempt: (
             240 * attempt * pilot_candidates(wildcards)
         ),
-        gpu=pilot_gpu_slot,
+        gpu=gpu_slot_of(pilot_base_model),
         **site_resources(
             gpus=1, gpu_memory_gb=lambda wildcards: pilot_base_model(wildcards).served_gpu_memory_gb
         ),
