@@ -214,14 +214,19 @@ def model_entry(wildcards):
     return config["models"][wildcards.model]
 
 
+def wildcard_model(wildcards):
+    """The ModelSpec of the model in the job's wildcards."""
+    return MODEL_SPECS[wildcards.model]
+
+
 def model_source(wildcards):
     """The weights source of a local or served model."""
-    return MODEL_SPECS[wildcards.model].weights_source
+    return wildcard_model(wildcards).weights_source
 
 
 def model_source_key(wildcards):
     """The config key of that source, for the job's error messages."""
-    return MODEL_SPECS[wildcards.model].weights_source_key
+    return wildcard_model(wildcards).weights_source_key
 
 
 def episodes_per_cell(wildcards):
@@ -238,12 +243,12 @@ def model_weights(wildcards):
 
 def model_gpus(wildcards):
     """GPUs a generation job uses: one for an in-process or served model, none otherwise."""
-    return MODEL_SPECS[wildcards.model].gpus
+    return wildcard_model(wildcards).gpus
 
 
 def model_gpu_memory_gb(wildcards):
     """GPU memory a generation job needs: its served model's (serve.gpu_memory_gb)."""
-    return MODEL_SPECS[wildcards.model].served_gpu_memory_gb
+    return wildcard_model(wildcards).served_gpu_memory_gb
 
 
 # Threads of a job that runs a model in-process: every core it may use (Snakemake's --cores,
@@ -285,13 +290,8 @@ def gpu_slot(model):
 
 def model_threads(wildcards):
     """Threads of a generation job: in_process_threads for an in-process model, else one."""
-    model = MODEL_SPECS[wildcards.model]
+    model = wildcard_model(wildcards)
     return in_process_threads(model) if model.in_process else 1
-
-
-def model_gpu_slot(wildcards):
-    """The `gpu` slots of a generation job."""
-    return gpu_slot(MODEL_SPECS[wildcards.model])
 
 
 def threads_of(model_of):

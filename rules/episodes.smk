@@ -27,7 +27,7 @@ rule generate_episodes:
     threads: model_threads
     resources:
         **RESOURCES["medium"],
-        gpu=model_gpu_slot,
+        gpu=gpu_slot_of(wildcard_model),
         **site_resources(gpus=model_gpus),
         # Only served models read it; machine settings come from profiles (set-resources).
         serve_host="loopback",
